@@ -1,0 +1,130 @@
+//! Stage 2, dedupe: remove unprotected messages whose word set is at least
+//! `duplicate_threshold` similar (Jaccard) to an earlier present message of
+//! the same role; the earliest such message is the one reported.
+//!
+//! The spec's pairwise scan is quadratic; this finds the same pairs with
+//! prefix filtering: with tokens in one global order, two sets with Jaccard
+//! >= t must share a token among the first `|x| - ceil(t * |x|) + 1` of
+//! each. Only messages sharing such a token are compared exactly, which
+//! keeps the stage near linear on real conversations.
+
+use rustc_hash::FxHashMap;
+
+use super::score::Scores;
+use super::text::jaccard;
+use super::{round_to, DedupeRule, DedupeStage, Duplicate, Policy, Role, Working, DEDUPE_METHOD};
+
+pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> DedupeStage {
+    let threshold = policy.duplicate_threshold.max(f64::MIN_POSITIVE);
+    let mut removed = Vec::new();
+    if !work.fits() {
+        let index = PrefixIndex::new(scores, threshold);
+        let mut seen: FxHashMap<(Role, u32), Vec<usize>> = FxHashMap::default();
+        let mut candidates = Vec::new();
+        for j in 0..work.messages.len() {
+            if work.fits() {
+                break;
+            }
+            let message = &work.messages[j];
+            // Grouped messages take no part: removing one would orphan its group.
+            if !work.present[j] || message.group.is_some() {
+                continue;
+            }
+            let prefix = index.prefix(j);
+            if !work.protected[j] {
+                candidates.clear();
+                for &token in prefix {
+                    if let Some(earlier) = seen.get(&(message.role, token)) {
+                        candidates.extend_from_slice(earlier);
+                    }
+                }
+                candidates.sort_unstable();
+                candidates.dedup();
+                let set = &scores.word_sets[j];
+                let first = candidates
+                    .iter()
+                    .map(|&i| (i, jaccard(&scores.word_sets[i], set)))
+                    .find(|&(_, similarity)| similarity >= threshold);
+                if let Some((i, similarity)) = first {
+                    removed.push(Duplicate {
+                        index: j,
+                        duplicate_of: i,
+                        similarity: round_to(similarity, 6),
+                        chars: work.chars(j),
+                    });
+                    work.remove(j);
+                    continue;
+                }
+            }
+            for &token in prefix {
+                seen.entry((message.role, token)).or_default().push(j);
+            }
+        }
+    }
+    DedupeStage {
+        stage: "dedupe",
+        order: 2,
+        removed_messages: removed.len(),
+        removed,
+        rule: DedupeRule {
+            duplicate_threshold: policy.duplicate_threshold,
+            method: DEDUPE_METHOD,
+        },
+    }
+}
+
+/// Each message's prefix tokens under one global token order (rarest
+/// first, so prefixes are selective).
+struct PrefixIndex {
+    prefixes: Vec<Vec<u32>>,
+}
+
+impl PrefixIndex {
+    fn new(scores: &Scores, threshold: f64) -> Self {
+        let mut document_frequency = vec![0u32; scores.vocabulary_len()];
+        for set in &scores.word_sets {
+            for &id in set {
+                document_frequency[id as usize] += 1;
+            }
+        }
+        let prefixes = scores
+            .word_sets
+            .iter()
+            .map(|set| {
+                let mut ordered = set.clone();
+                ordered.sort_unstable_by_key(|&id| (document_frequency[id as usize], id));
+                ordered.truncate(prefix_len(set.len(), threshold));
+                ordered
+            })
+            .collect();
+        PrefixIndex { prefixes }
+    }
+
+    fn prefix(&self, i: usize) -> &[u32] {
+        &self.prefixes[i]
+    }
+}
+
+/// `len - ceil(t * len) + 1`, one longer to absorb float error in the
+/// product: a longer prefix only adds candidates, never loses a pair.
+fn prefix_len(len: usize, threshold: f64) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    let overlap = (threshold * len as f64).ceil() as usize;
+    (len + 2).saturating_sub(overlap).clamp(1, len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_len;
+
+    #[test]
+    fn prefix_covers_every_pair_at_the_threshold() {
+        // t = 0.5 over 10 tokens: sets sharing 5 of 10 must meet in 6 + 1.
+        assert_eq!(prefix_len(10, 0.5), 7);
+        assert_eq!(prefix_len(10, 1.0), 2);
+        assert_eq!(prefix_len(1, 1.0), 1);
+        assert_eq!(prefix_len(0, 0.9), 0);
+    }
+}

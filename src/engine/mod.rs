@@ -1,0 +1,301 @@
+//! The deterministic compaction engine of `COMPACTION.md`: pure Rust, no I/O,
+//! no async, usable as a library on its own.
+//!
+//! [`compact`] runs the four stages in order over one working state, each in
+//! its own module named as in the spec: [`pin`] -> [`dedupe`] -> [`trim`] ->
+//! [`drop`]. Every stage stops as soon as the total fits the budget, so a
+//! conversation that already fits comes back untouched.
+//!
+//! Two extensions serve the proxy and leave the spec's results unchanged for
+//! plain text conversations (both are zero/`None` there):
+//! - `fixed_chars`: chars that count toward the budget but are never cut
+//!   (the name and arguments of tool calls).
+//! - `group`: messages sharing a group are kept or dropped together (an
+//!   assistant message with `tool_calls` and the tool messages answering it).
+//!   If one member is protected, all are (reason `tool_group`); grouped
+//!   messages are never removed as duplicates, because removing one alone
+//!   would orphan the others.
+
+mod dedupe;
+mod drop;
+mod pin;
+mod report;
+mod score;
+pub mod text;
+mod trim;
+
+use serde::{Deserialize, Serialize};
+
+pub use report::*;
+
+/// Who spoke a message. `developer` weighs as `system`, `function` as `tool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Function,
+}
+
+impl Role {
+    pub const ALL: [Role; 6] = [
+        Role::System,
+        Role::Developer,
+        Role::User,
+        Role::Assistant,
+        Role::Tool,
+        Role::Function,
+    ];
+
+    pub fn weight(self) -> f64 {
+        match self {
+            Role::System | Role::Developer | Role::User => 1.0,
+            Role::Assistant => 0.7,
+            Role::Tool | Role::Function => 0.5,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Function => "function",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// One message as the engine sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    /// The trimmable text; its chars count toward the budget.
+    pub content: String,
+    /// Echoed unchanged in the report.
+    pub id: Option<String>,
+    /// Protected by the caller.
+    pub pin: bool,
+    /// Chars that count toward the budget but are never trimmed.
+    pub fixed_chars: usize,
+    /// Messages with the same group are kept or dropped together.
+    pub group: Option<u32>,
+}
+
+impl Message {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            id: None,
+            pin: false,
+            fixed_chars: 0,
+            group: None,
+        }
+    }
+}
+
+/// The knobs of one compaction, with the spec's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub budget_chars: usize,
+    pub keep_last_n: usize,
+    pub keep_roles: Vec<Role>,
+    /// In (0, 1]; values at or below zero act as the smallest positive
+    /// threshold, so messages sharing no word are never duplicates.
+    pub duplicate_threshold: f64,
+    pub max_message_chars: usize,
+}
+
+impl Policy {
+    pub const DEFAULT_KEEP_LAST_N: usize = 5;
+    pub const DEFAULT_DUPLICATE_THRESHOLD: f64 = 0.9;
+    pub const DEFAULT_MAX_MESSAGE_CHARS: usize = 400;
+
+    /// A policy with the spec's defaults for everything but the budget.
+    pub fn with_budget(budget_chars: usize) -> Self {
+        Policy {
+            budget_chars,
+            keep_last_n: Self::DEFAULT_KEEP_LAST_N,
+            keep_roles: vec![Role::System],
+            duplicate_threshold: Self::DEFAULT_DUPLICATE_THRESHOLD,
+            max_message_chars: Self::DEFAULT_MAX_MESSAGE_CHARS,
+        }
+    }
+}
+
+pub const WEIGHTS: Weights = Weights {
+    recency: 0.5,
+    role: 0.3,
+    topic_overlap: 0.2,
+};
+
+/// What the stages share: which messages are present, how many chars of
+/// each content are kept, and the running total.
+struct Working<'a> {
+    messages: &'a [Message],
+    present: Vec<bool>,
+    /// Chars of each content still kept (a prefix of the content).
+    kept_chars: Vec<usize>,
+    content_chars: Vec<usize>,
+    protected: Vec<bool>,
+    total: usize,
+    budget: usize,
+}
+
+impl<'a> Working<'a> {
+    fn new(messages: &'a [Message], budget: usize) -> Self {
+        let content_chars: Vec<usize> = messages
+            .iter()
+            .map(|m| text::char_count(&m.content))
+            .collect();
+        let total = messages
+            .iter()
+            .zip(&content_chars)
+            .map(|(m, c)| c + m.fixed_chars)
+            .sum();
+        Working {
+            messages,
+            present: vec![true; messages.len()],
+            kept_chars: content_chars.clone(),
+            content_chars,
+            protected: vec![false; messages.len()],
+            total,
+            budget,
+        }
+    }
+
+    fn fits(&self) -> bool {
+        self.total <= self.budget
+    }
+
+    /// Current chars of message `i`.
+    fn chars(&self, i: usize) -> usize {
+        self.kept_chars[i] + self.messages[i].fixed_chars
+    }
+
+    fn original_chars(&self, i: usize) -> usize {
+        self.content_chars[i] + self.messages[i].fixed_chars
+    }
+
+    fn remove(&mut self, i: usize) {
+        debug_assert!(self.present[i] && !self.protected[i]);
+        self.present[i] = false;
+        self.total -= self.chars(i);
+    }
+
+    fn set_kept(&mut self, i: usize, kept: usize) {
+        self.total -= self.kept_chars[i] - kept;
+        self.kept_chars[i] = kept;
+    }
+
+    /// Unprotected messages still present, in index order.
+    fn candidates(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.messages.len()).filter(|&i| self.present[i] && !self.protected[i])
+    }
+}
+
+/// Compacts `messages` to `policy.budget_chars` and reports every decision.
+pub fn compact(messages: &[Message], policy: &Policy) -> Report {
+    let scores = score::Scores::new(messages);
+    let mut work = Working::new(messages, policy.budget_chars);
+    let input_chars = work.total;
+
+    let (pin, reasons) = pin::run(&mut work, policy);
+    let dedupe = dedupe::run(&mut work, &scores, policy);
+    let trim = trim::run(&mut work, policy);
+    let drop = drop::run(&mut work, &scores);
+
+    let mut out = Vec::with_capacity(messages.len());
+    let mut loss = Loss {
+        input_messages: messages.len(),
+        output_messages: 0,
+        input_chars,
+        output_chars: work.total,
+        dropped_messages: 0,
+        dropped_chars: 0,
+        trimmed_messages: 0,
+        truncated_chars: 0,
+        verbatim_messages: 0,
+        retained_char_ratio: if input_chars == 0 {
+            1.0
+        } else {
+            round_to(work.total as f64 / input_chars as f64, 4)
+        },
+    };
+    let mut protected_chars = 0;
+    for (i, (m, because)) in messages.iter().zip(reasons).enumerate() {
+        if work.protected[i] {
+            protected_chars += work.chars(i);
+        }
+        if !work.present[i] {
+            loss.dropped_messages += 1;
+            loss.dropped_chars += work.original_chars(i);
+            continue;
+        }
+        let kept = work.kept_chars[i];
+        let trimmed = kept < work.content_chars[i];
+        if trimmed {
+            loss.trimmed_messages += 1;
+            loss.truncated_chars += work.content_chars[i] - kept;
+        } else {
+            loss.verbatim_messages += 1;
+        }
+        out.push(OutputMessage {
+            index: i,
+            role: m.role,
+            content: text::char_prefix(&m.content, kept).to_owned(),
+            id: m.id.clone(),
+            kept: if trimmed {
+                Kept::Trimmed
+            } else {
+                Kept::Verbatim
+            },
+            protected: work.protected[i],
+            score: (!work.protected[i]).then(|| round_to(scores.score(i), 6)),
+            protected_because: work.protected[i].then_some(because),
+            original_chars: work.original_chars(i),
+            chars: work.chars(i),
+        });
+    }
+    loss.output_messages = out.len();
+
+    Report {
+        messages: out,
+        stages: Stages {
+            pin,
+            dedupe,
+            trim,
+            drop,
+        },
+        budget: Budget {
+            budget_chars: policy.budget_chars,
+            output_chars: work.total,
+            budget_met: work.fits(),
+            shortfall_chars: work.total.saturating_sub(policy.budget_chars),
+            protected_chars,
+            protected_exceeds_budget: protected_chars > policy.budget_chars,
+        },
+        loss,
+        scoring: Scoring {
+            weights: WEIGHTS,
+            role_weights: RoleWeights {
+                system: Role::System.weight(),
+                user: Role::User.weight(),
+                assistant: Role::Assistant.weight(),
+                tool: Role::Tool.weight(),
+            },
+            topic_terms_used: scores.topic_terms(),
+            note: SCORING_NOTE,
+        },
+        limits: LIMITS,
+    }
+}

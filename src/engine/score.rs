@@ -1,0 +1,100 @@
+//! Word analysis shared by dedupe and drop: each message's word set, the
+//! topic terms of the whole history, and each message's score.
+
+use super::text::{self, Vocabulary};
+use super::{Message, WEIGHTS};
+
+/// How many of the most frequent long words are topic terms.
+const TOPIC_TERMS: usize = 25;
+/// Words must be longer than this many chars to be topic terms.
+const TOPIC_MIN_CHARS: usize = 3;
+
+pub(super) struct Scores {
+    vocab: Vocabulary,
+    /// Sorted word-id set of each message.
+    pub word_sets: Vec<Vec<u32>>,
+    /// Topic term ids, most frequent first.
+    topic: Vec<u32>,
+    scores: Vec<f64>,
+}
+
+impl Scores {
+    pub fn new(messages: &[Message]) -> Self {
+        let mut vocab = Vocabulary::default();
+        let mut buf = Vec::new();
+        let mut counts: Vec<u32> = Vec::new();
+        let mut word_sets = Vec::with_capacity(messages.len());
+        for m in messages {
+            buf.clear();
+            vocab.words_of(&m.content, &mut buf);
+            counts.resize(vocab.len(), 0);
+            for &id in &buf {
+                counts[id as usize] += 1;
+            }
+            word_sets.push(text::word_set(buf.clone()));
+        }
+
+        let mut topic: Vec<u32> = (0..vocab.len() as u32)
+            .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)
+            .collect();
+        // Count descending, then the word in code-point order (UTF-8 byte
+        // order is code-point order).
+        topic.sort_unstable_by(|&a, &b| {
+            counts[b as usize]
+                .cmp(&counts[a as usize])
+                .then_with(|| vocab.word(a).cmp(vocab.word(b)))
+        });
+        topic.truncate(TOPIC_TERMS);
+
+        let mut is_topic = vec![false; vocab.len()];
+        for &id in &topic {
+            is_topic[id as usize] = true;
+        }
+        let n = messages.len();
+        let scores = messages
+            .iter()
+            .zip(&word_sets)
+            .enumerate()
+            .map(|(i, (m, set))| {
+                // A lone message is the most recent one.
+                let recency = if n < 2 {
+                    1.0
+                } else {
+                    i as f64 / (n - 1) as f64
+                };
+                let overlap = if set.is_empty() {
+                    0.0
+                } else {
+                    set.iter().filter(|&&id| is_topic[id as usize]).count() as f64
+                        / set.len() as f64
+                };
+                WEIGHTS.recency * recency
+                    + WEIGHTS.role * m.role.weight()
+                    + WEIGHTS.topic_overlap * overlap
+            })
+            .collect();
+
+        Scores {
+            vocab,
+            word_sets,
+            topic,
+            scores,
+        }
+    }
+
+    /// The unrounded score of message `i`.
+    pub fn score(&self, i: usize) -> f64 {
+        self.scores[i]
+    }
+
+    pub fn topic_terms(&self) -> Vec<String> {
+        self.topic
+            .iter()
+            .map(|&id| self.vocab.word(id).to_owned())
+            .collect()
+    }
+
+    pub fn vocabulary_len(&self) -> usize {
+        self.vocab.len()
+    }
+}
