@@ -1,0 +1,515 @@
+//! Configuration: the TOML model and its layered loading with figment.
+//!
+//! Layers, later wins: built-in defaults -> `config/default.toml` (embedded)
+//! -> `--config FILE` -> `COMPACTION_PROXY_<SECTION>__<KEY>` variables ->
+//! command-line flags. The merged tree is then read section by section so
+//! that every unknown key and every type error is reported at once, each
+//! with its path. Semantic checks (policy references, regexes, bounds) live
+//! with policy compilation in [`crate::policy`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::Figment;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::engine::{Policy, Role};
+
+/// The shipped default configuration, embedded so the binary runs alone.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+/// Prefix of environment overrides; `__` separates the key path.
+pub const ENV_PREFIX: &str = "COMPACTION_PROXY_";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub cache: CacheConfig,
+    pub policies: BTreeMap<String, PolicyConfig>,
+    pub routes: Vec<RouteConfig>,
+    pub tenants: TenantsConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerConfig {
+    pub listen: String,
+    /// Decoded request bytes allowed on a compacted route.
+    pub max_body_bytes: usize,
+    pub shutdown_grace_secs: f64,
+    pub log_format: LogFormat,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 16 * 1024 * 1024,
+            shutdown_grace_secs: 30.0,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct UpstreamConfig {
+    pub url: String,
+    pub connect_timeout_secs: f64,
+    /// Without response headers by then the client gets 504.
+    pub response_header_timeout_secs: f64,
+    /// A response body silent this long is cut off (streams have no total limit).
+    pub idle_timeout_secs: f64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            url: "https://api.openai.com".into(),
+            connect_timeout_secs: 10.0,
+            response_header_timeout_secs: 120.0,
+            idle_timeout_secs: 300.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CacheConfig {
+    /// Compaction outcomes kept for repeated requests; 0 turns the cache off.
+    pub max_entries: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            max_entries: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Compact each request on its own.
+    #[default]
+    Exact,
+    /// Keep the forwarded prefix stable across turns (not in this version).
+    Stable,
+}
+
+/// One named policy. Keys left out take the engine's defaults.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PolicyConfig {
+    pub budget_chars: usize,
+    #[serde(default = "default_keep_last_n")]
+    pub keep_last_n: usize,
+    #[serde(default = "default_keep_roles")]
+    pub keep_roles: Vec<Role>,
+    #[serde(default = "default_duplicate_threshold")]
+    pub duplicate_threshold: f64,
+    #[serde(default = "default_max_message_chars")]
+    pub max_message_chars: usize,
+    #[serde(default)]
+    pub mode: Mode,
+    /// Protect the first user message (most agents' task statement).
+    #[serde(default)]
+    pub pin_first_user: bool,
+    /// Protect messages whose text matches any of these regexes.
+    #[serde(default)]
+    pub pin_patterns: Vec<String>,
+    /// Honour `x-compaction-bypass: true` on requests.
+    #[serde(default)]
+    pub allow_bypass: bool,
+    /// Compute and report, but forward the original body.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn default_keep_last_n() -> usize {
+    Policy::DEFAULT_KEEP_LAST_N
+}
+fn default_keep_roles() -> Vec<Role> {
+    vec![Role::System]
+}
+fn default_duplicate_threshold() -> f64 {
+    Policy::DEFAULT_DUPLICATE_THRESHOLD
+}
+fn default_max_message_chars() -> usize {
+    Policy::DEFAULT_MAX_MESSAGE_CHARS
+}
+
+impl PolicyConfig {
+    pub fn engine_policy(&self) -> Policy {
+        Policy {
+            budget_chars: self.budget_chars,
+            keep_last_n: self.keep_last_n,
+            keep_roles: self.keep_roles.clone(),
+            duplicate_threshold: self.duplicate_threshold,
+            max_message_chars: self.max_message_chars,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouteConfig {
+    /// An exact path, or a prefix ending in `*`.
+    pub path: String,
+    pub policy: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TenantsConfig {
+    /// The request header that names the tenant.
+    pub header: String,
+    /// Tenant -> policy; overrides the route's policy.
+    pub policies: BTreeMap<String, String>,
+}
+
+impl Default for TenantsConfig {
+    fn default() -> Self {
+        TenantsConfig {
+            header: "x-tenant-id".into(),
+            policies: BTreeMap::new(),
+        }
+    }
+}
+
+/// One configuration problem at a key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    pub path: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration:\n{}", .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<ConfigProblem>);
+
+impl ConfigErrors {
+    pub fn one(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigErrors(vec![ConfigProblem {
+            path: path.into(),
+            message: message.into(),
+        }])
+    }
+}
+
+/// Values given on the command line, the last layer.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub upstream: Option<String>,
+}
+
+/// Loads the layered configuration. `env` is the process environment
+/// (passed in so tests need not mutate the real one).
+pub fn load(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &Overrides,
+) -> Result<Config, ConfigErrors> {
+    let mut figment = Figment::new().merge(Toml::string(DEFAULT_TOML));
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors::one("", format!("cannot read {}: {e}", path.display())))?;
+        figment = figment.merge(Toml::string(&text));
+    }
+    figment = figment.merge(env_provider(env));
+    if let Some(listen) = &overrides.listen {
+        figment = figment.merge(("server.listen", listen));
+    }
+    if let Some(url) = &overrides.upstream {
+        figment = figment.merge(("upstream.url", url));
+    }
+    let merged: Value = figment.extract().map_err(|e| {
+        ConfigErrors(
+            e.into_iter()
+                .map(|e| ConfigProblem {
+                    path: e.path.join("."),
+                    message: e.kind.to_string(),
+                })
+                .collect(),
+        )
+    })?;
+    from_value(&merged)
+}
+
+/// The `COMPACTION_PROXY_<SECTION>__<KEY>` layer. Figment's own `Env` reads
+/// the live process environment; taking the pairs as an argument lets tests
+/// (and reloads) pass a snapshot instead of mutating global state.
+fn env_provider(env: impl IntoIterator<Item = (String, String)>) -> Serialized<Value> {
+    let mut root = serde_json::Map::new();
+    for (key, raw) in env {
+        let Some(rest) = key.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let parts: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            continue;
+        }
+        insert_path(&mut root, &parts, env_value(&raw));
+    }
+    Serialized::defaults(Value::Object(root))
+}
+
+/// Environment values are strings; read them as TOML scalars or arrays when
+/// they parse as such (`1000`, `true`, `["a"]`), else as plain strings.
+fn env_value(raw: &str) -> Value {
+    toml_value(raw).unwrap_or_else(|| Value::String(raw.to_owned()))
+}
+
+fn toml_value(raw: &str) -> Option<Value> {
+    #[derive(Deserialize)]
+    struct Holder {
+        v: Value,
+    }
+    let figment = Figment::from(Toml::string(&format!("v = {raw}")));
+    figment.extract::<Holder>().ok().map(|h| h.v)
+}
+
+fn insert_path(root: &mut serde_json::Map<String, Value>, parts: &[String], value: Value) {
+    let (last, parents) = parts.split_last().expect("non-empty path");
+    let mut node = root;
+    for part in parents {
+        let entry = node
+            .entry(part.clone())
+            .or_insert_with(|| Value::Object(Default::default()));
+        if !entry.is_object() {
+            *entry = Value::Object(Default::default());
+        }
+        node = entry.as_object_mut().expect("object");
+    }
+    node.insert(last.clone(), value);
+}
+
+/// Reads a merged configuration tree, collecting every problem.
+pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
+    let mut problems = Vec::new();
+    let mut config = Config::default();
+    let Some(root) = merged.as_object() else {
+        return Err(ConfigErrors::one("", "configuration must be a table"));
+    };
+    for key in root.keys() {
+        if ![
+            "server", "upstream", "cache", "policies", "routes", "tenants",
+        ]
+        .contains(&key.as_str())
+        {
+            problems.push(ConfigProblem {
+                path: key.clone(),
+                message: "unknown key".into(),
+            });
+        }
+    }
+    if let Some(v) = root.get("server") {
+        config.server = section(v, "server", &mut problems).unwrap_or_default();
+    }
+    if let Some(v) = root.get("upstream") {
+        config.upstream = section(v, "upstream", &mut problems).unwrap_or_default();
+    }
+    if let Some(v) = root.get("cache") {
+        config.cache = section(v, "cache", &mut problems).unwrap_or_default();
+    }
+    if let Some(v) = root.get("tenants") {
+        config.tenants = section(v, "tenants", &mut problems).unwrap_or_default();
+    }
+    match root.get("policies") {
+        None => {}
+        Some(Value::Object(policies)) => {
+            for (name, v) in policies {
+                if let Some(p) = section(v, &format!("policies.{name}"), &mut problems) {
+                    config.policies.insert(name.clone(), p);
+                }
+            }
+        }
+        Some(_) => problems.push(ConfigProblem {
+            path: "policies".into(),
+            message: "must be a table of named policies".into(),
+        }),
+    }
+    match root.get("routes") {
+        None => {}
+        Some(Value::Array(routes)) => {
+            for (i, v) in routes.iter().enumerate() {
+                if let Some(r) = section(v, &format!("routes[{i}]"), &mut problems) {
+                    config.routes.push(r);
+                }
+            }
+        }
+        Some(_) => problems.push(ConfigProblem {
+            path: "routes".into(),
+            message: "must be an array of tables ([[routes]])".into(),
+        }),
+    }
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(problems))
+    }
+}
+
+/// Deserialises one section, recording unknown keys and the first type
+/// error, each with its full path.
+fn section<T: DeserializeOwned>(
+    value: &Value,
+    path: &str,
+    problems: &mut Vec<ConfigProblem>,
+) -> Option<T> {
+    let mut unknown = Vec::new();
+    let result: Result<T, _> = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
+        value.clone(),
+        &mut |p: serde_ignored::Path| unknown.push(p.to_string()),
+    ));
+    for key in &unknown {
+        problems.push(ConfigProblem {
+            path: format!("{path}.{key}"),
+            message: "unknown key".into(),
+        });
+    }
+    match result {
+        Ok(v) if unknown.is_empty() => Some(v),
+        Ok(_) => None,
+        Err(e) => {
+            let inner = e.path().to_string();
+            problems.push(ConfigProblem {
+                path: if inner == "." {
+                    path.to_owned()
+                } else {
+                    format!("{path}.{inner}")
+                },
+                message: e.into_inner().to_string(),
+            });
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
+        let dir = std::env::temp_dir().join(format!(
+            "cp-config-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::write(&dir, toml).unwrap();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let result = load(Some(&dir), env, &Overrides::default());
+        std::fs::remove_file(&dir).ok();
+        result
+    }
+
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
+
+    #[test]
+    fn embedded_default_loads() {
+        let config = load(None, Vec::new(), &Overrides::default()).unwrap();
+        assert_eq!(config.server.listen, "127.0.0.1:8080");
+        assert_eq!(config.policies["default"].budget_chars, 200_000);
+        assert_eq!(config.routes[0].path, "/v1/chat/completions");
+    }
+
+    #[test]
+    fn later_layers_win_key_by_key() {
+        let config = load_str(
+            "[policies.default]\nbudget_chars = 1000\n[server]\nlisten = \"127.0.0.1:9000\"",
+            &[
+                ("COMPACTION_PROXY_SERVER__LISTEN", "127.0.0.1:9100"),
+                ("COMPACTION_PROXY_POLICIES__DEFAULT__KEEP_LAST_N", "2"),
+            ],
+        )
+        .unwrap();
+        let p = &config.policies["default"];
+        assert_eq!(p.budget_chars, 1000, "file beats embedded");
+        assert_eq!(p.keep_last_n, 2, "env beats file");
+        assert_eq!(
+            p.max_message_chars, 4000,
+            "untouched keys keep the embedded value"
+        );
+        assert_eq!(config.server.listen, "127.0.0.1:9100");
+    }
+
+    #[test]
+    fn flags_beat_environment() {
+        let env = vec![(
+            "COMPACTION_PROXY_UPSTREAM__URL".to_string(),
+            "http://env:1".to_string(),
+        )];
+        let overrides = Overrides {
+            listen: Some("127.0.0.1:1".into()),
+            upstream: Some("http://flag:2".into()),
+        };
+        let config = load(None, env, &overrides).unwrap();
+        assert_eq!(config.upstream.url, "http://flag:2");
+        assert_eq!(config.server.listen, "127.0.0.1:1");
+    }
+
+    #[test]
+    fn new_policy_keys_take_engine_defaults() {
+        let config = load_str("[policies.small]\nbudget_chars = 500", &[]).unwrap();
+        let p = &config.policies["small"];
+        assert_eq!(p.engine_policy(), Policy::with_budget(500));
+        assert!(!p.allow_bypass && !p.dry_run && !p.pin_first_user);
+    }
+
+    #[test]
+    fn every_unknown_key_and_type_error_is_reported_with_its_path() {
+        let err = load_str(
+            "colour = 1\n[server]\nlistn = \"x\"\n[policies.a]\nbudget_chars = \"lots\"\n[policies.b]\nbudget_chars = 1\nkeep_roles = [\"robot\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\nweight = 2",
+            &[],
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "colour",
+                "server.listn",
+                "policies.a.budget_chars",
+                "policies.b.keep_roles[0]",
+                "routes[0].weight"
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error() {
+        let err = load(
+            Some(Path::new("/nonexistent/compaction.toml")),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("cannot read"), "{err}");
+    }
+}

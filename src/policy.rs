@@ -1,0 +1,403 @@
+//! Policy resolution: turns a loaded [`Config`] into compiled policies,
+//! checking everything serde cannot (references, bounds, regexes, URLs), and
+//! picks the policy for a request from its route and tenant.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, Uri};
+use regex::RegexSet;
+
+use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig};
+use crate::engine::Policy;
+
+/// Label used for tenants that are not configured (bounded metric labels).
+pub const OTHER_TENANT: &str = "other";
+
+/// A policy ready to apply.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    pub name: String,
+    pub engine: Policy,
+    pub mode: Mode,
+    pub pin_first_user: bool,
+    pub pin_patterns: RegexSet,
+    pub allow_bypass: bool,
+    pub dry_run: bool,
+}
+
+impl CompiledPolicy {
+    /// A policy with only the engine's knobs: no pins, bypass or dry run.
+    pub fn plain(name: &str, engine: Policy) -> Self {
+        CompiledPolicy {
+            name: name.to_owned(),
+            engine,
+            mode: Mode::Exact,
+            pin_first_user: false,
+            pin_patterns: RegexSet::empty(),
+            allow_bypass: false,
+            dry_run: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Route {
+    path: String,
+    prefix: bool,
+    policy: Arc<CompiledPolicy>,
+}
+
+impl Route {
+    fn matches(&self, path: &str) -> bool {
+        if self.prefix {
+            path.starts_with(&self.path)
+        } else {
+            path == self.path
+        }
+    }
+}
+
+/// Everything the proxy needs from one configuration, checked and compiled.
+/// Swapped whole on reload; a request keeps the one it started with.
+#[derive(Debug)]
+pub struct Runtime {
+    pub config: Config,
+    pub listen: SocketAddr,
+    pub upstream: Uri,
+    routes: Vec<Route>,
+    tenant_header: HeaderName,
+    tenants: HashMap<String, Arc<CompiledPolicy>>,
+}
+
+/// What applies to one request on a matched route.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    /// The route's configured path: a bounded metric label.
+    pub route: String,
+    pub policy: Arc<CompiledPolicy>,
+    /// The tenant if configured, else [`OTHER_TENANT`].
+    pub tenant: String,
+}
+
+impl Runtime {
+    /// Checks and compiles `config`, reporting every problem at once.
+    pub fn new(config: Config) -> Result<Runtime, ConfigErrors> {
+        let mut problems = Vec::new();
+        let mut problem =
+            |path: String, message: String| problems.push(ConfigProblem { path, message });
+
+        let listen = config.server.listen.parse::<SocketAddr>().map_err(|e| {
+            problem(
+                "server.listen".into(),
+                format!("{e}: expected host:port such as 127.0.0.1:8080"),
+            )
+        });
+        if config.server.max_body_bytes == 0 {
+            problem("server.max_body_bytes".into(), "must be at least 1".into());
+        }
+        if !(config.server.shutdown_grace_secs >= 0.0
+            && config.server.shutdown_grace_secs.is_finite())
+        {
+            problem(
+                "server.shutdown_grace_secs".into(),
+                "must be a non-negative number".into(),
+            );
+        }
+        for (key, value) in [
+            (
+                "upstream.connect_timeout_secs",
+                config.upstream.connect_timeout_secs,
+            ),
+            (
+                "upstream.response_header_timeout_secs",
+                config.upstream.response_header_timeout_secs,
+            ),
+            (
+                "upstream.idle_timeout_secs",
+                config.upstream.idle_timeout_secs,
+            ),
+        ] {
+            if !(value > 0.0 && value.is_finite()) {
+                problem(key.into(), "must be a positive number of seconds".into());
+            }
+        }
+        let upstream =
+            parse_upstream(&config.upstream.url).map_err(|m| problem("upstream.url".into(), m));
+
+        let mut policies = HashMap::new();
+        for (name, p) in &config.policies {
+            match compile_policy(name, p) {
+                Ok(c) => {
+                    policies.insert(name.clone(), Arc::new(c));
+                }
+                Err(list) => {
+                    for (key, message) in list {
+                        problem(format!("policies.{name}.{key}"), message);
+                    }
+                }
+            }
+        }
+
+        let mut routes = Vec::new();
+        for (i, r) in config.routes.iter().enumerate() {
+            if !r.path.starts_with('/') {
+                problem(format!("routes[{i}].path"), "must start with /".into());
+            }
+            let (path, prefix) = match r.path.strip_suffix('*') {
+                Some(p) => (p.to_owned(), true),
+                None => (r.path.clone(), false),
+            };
+            match policies.get(&r.policy) {
+                Some(policy) => routes.push(Route {
+                    path,
+                    prefix,
+                    policy: policy.clone(),
+                }),
+                None if config.policies.contains_key(&r.policy) => {} // already reported
+                None => problem(
+                    format!("routes[{i}].policy"),
+                    format!("no policy named {:?}", r.policy),
+                ),
+            }
+        }
+
+        let tenant_header = HeaderName::try_from(config.tenants.header.as_str()).map_err(|_| {
+            problem(
+                "tenants.header".into(),
+                format!("{:?} is not a valid header name", config.tenants.header),
+            )
+        });
+        let mut tenants = HashMap::new();
+        for (tenant, policy) in &config.tenants.policies {
+            match policies.get(policy) {
+                Some(p) => {
+                    tenants.insert(tenant.clone(), p.clone());
+                }
+                None if config.policies.contains_key(policy) => {}
+                None => problem(
+                    format!("tenants.policies.{tenant}"),
+                    format!("no policy named {policy:?}"),
+                ),
+            }
+        }
+
+        match (listen, upstream, tenant_header) {
+            (Ok(listen), Ok(upstream), Ok(tenant_header)) if problems.is_empty() => Ok(Runtime {
+                config,
+                listen,
+                upstream,
+                routes,
+                tenant_header,
+                tenants,
+            }),
+            _ => Err(ConfigErrors(problems)),
+        }
+    }
+
+    /// The policy for a request: the first matching route's, overridden by a
+    /// configured tenant's. `None` when no route matches (pass through).
+    pub fn resolve(&self, path: &str, headers: &HeaderMap) -> Option<Resolution> {
+        let route = self.routes.iter().find(|r| r.matches(path))?;
+        let tenant = headers
+            .get(&self.tenant_header)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|t| self.tenants.get_key_value(t));
+        let (tenant, policy) = match tenant {
+            Some((name, policy)) => (name.clone(), policy.clone()),
+            None => (OTHER_TENANT.to_owned(), route.policy.clone()),
+        };
+        Some(Resolution {
+            route: self.route_label(route),
+            policy,
+            tenant,
+        })
+    }
+
+    fn route_label(&self, route: &Route) -> String {
+        if route.prefix {
+            format!("{}*", route.path)
+        } else {
+            route.path.clone()
+        }
+    }
+
+    /// A named policy, for the offline `compact` command.
+    pub fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
+        self.routes
+            .iter()
+            .map(|r| &r.policy)
+            .chain(self.tenants.values())
+            .find(|p| p.name == name)
+            .cloned()
+            .or_else(|| {
+                compile_policy(name, self.config.policies.get(name)?)
+                    .ok()
+                    .map(Arc::new)
+            })
+    }
+
+    /// Configured tenant names (the bounded set of tenant labels).
+    pub fn tenant_names(&self) -> impl Iterator<Item = &str> {
+        self.tenants.keys().map(String::as_str)
+    }
+}
+
+fn parse_upstream(url: &str) -> Result<Uri, String> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| format!("{e}: expected a URL such as https://api.openai.com"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(format!("{url:?} must start with http:// or https://")),
+    }
+    if uri.authority().is_none() {
+        return Err(format!("{url:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("{url:?} must not have a query"));
+    }
+    Ok(uri)
+}
+
+fn compile_policy(
+    name: &str,
+    p: &PolicyConfig,
+) -> Result<CompiledPolicy, Vec<(&'static str, String)>> {
+    let mut problems = Vec::new();
+    if p.budget_chars == 0 {
+        problems.push(("budget_chars", "must be at least 1".to_owned()));
+    }
+    if !(p.duplicate_threshold > 0.0 && p.duplicate_threshold <= 1.0) {
+        problems.push(("duplicate_threshold", "must be in (0, 1]".to_owned()));
+    }
+    if p.max_message_chars == 0 {
+        problems.push(("max_message_chars", "must be at least 1".to_owned()));
+    }
+    if p.mode == Mode::Stable {
+        problems.push((
+            "mode",
+            "\"stable\" is not available in this version; use \"exact\"".to_owned(),
+        ));
+    }
+    let pin_patterns = RegexSet::new(&p.pin_patterns).map_err(|e| e.to_string());
+    if let Err(e) = &pin_patterns {
+        problems.push(("pin_patterns", e.clone()));
+    }
+    match pin_patterns {
+        Ok(pin_patterns) if problems.is_empty() => Ok(CompiledPolicy {
+            name: name.to_owned(),
+            engine: p.engine_policy(),
+            mode: p.mode,
+            pin_first_user: p.pin_first_user,
+            pin_patterns,
+            allow_bypass: p.allow_bypass,
+            dry_run: p.dry_run,
+        }),
+        _ => Err(problems),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{self, Overrides};
+
+    fn runtime(toml: &str) -> Result<Runtime, ConfigErrors> {
+        let value: serde_json::Value =
+            figment::Figment::from(figment::providers::Serialized::defaults(
+                serde_json::to_value(
+                    config::load(None, Vec::new(), &Overrides::default()).unwrap(),
+                )
+                .unwrap(),
+            ))
+            .merge(<figment::providers::Toml as figment::providers::Format>::string(toml))
+            .extract()
+            .unwrap();
+        Runtime::new(config::from_value(&value)?)
+    }
+
+    #[test]
+    fn tenant_policy_overrides_the_route_policy() {
+        let rt =
+            runtime("[policies.small]\nbudget_chars = 10\n[tenants.policies]\nacme = \"small\"")
+                .unwrap();
+        let mut headers = HeaderMap::new();
+        let r = rt.resolve("/v1/chat/completions", &headers).unwrap();
+        assert_eq!(
+            (r.policy.name.as_str(), r.tenant.as_str()),
+            ("default", OTHER_TENANT)
+        );
+        headers.insert("x-tenant-id", "acme".parse().unwrap());
+        let r = rt.resolve("/v1/chat/completions", &headers).unwrap();
+        assert_eq!(
+            (r.policy.name.as_str(), r.tenant.as_str()),
+            ("small", "acme")
+        );
+        headers.insert("x-tenant-id", "unknown-co".parse().unwrap());
+        let r = rt.resolve("/v1/chat/completions", &headers).unwrap();
+        assert_eq!(
+            (r.policy.name.as_str(), r.tenant.as_str()),
+            ("default", OTHER_TENANT)
+        );
+    }
+
+    #[test]
+    fn unmatched_paths_resolve_to_nothing() {
+        let rt = runtime("").unwrap();
+        assert!(rt.resolve("/v1/models", &HeaderMap::new()).is_none());
+        assert!(rt
+            .resolve("/v1/chat/completions/x", &HeaderMap::new())
+            .is_none());
+    }
+
+    #[test]
+    fn first_matching_route_wins_and_prefixes_match() {
+        let rt = runtime(
+            "[policies.a]\nbudget_chars = 1\n[[routes]]\npath = \"/v1/chat/completions\"\npolicy = \"a\"\n[[routes]]\npath = \"/v1/*\"\npolicy = \"default\"",
+        )
+        .unwrap();
+        assert_eq!(
+            rt.resolve("/v1/chat/completions", &HeaderMap::new())
+                .unwrap()
+                .policy
+                .name,
+            "a"
+        );
+        let r = rt.resolve("/v1/other", &HeaderMap::new()).unwrap();
+        assert_eq!(
+            (r.policy.name.as_str(), r.route.as_str()),
+            ("default", "/v1/*")
+        );
+    }
+
+    #[test]
+    fn every_semantic_problem_is_reported() {
+        let err = runtime(
+            "[server]\nlisten = \"nowhere\"\n[upstream]\nurl = \"ftp://x\"\n[policies.bad]\nbudget_chars = 0\nduplicate_threshold = 1.5\npin_patterns = [\"(\"]\n[[routes]]\npath = \"v1\"\npolicy = \"missing\"\n[tenants.policies]\nacme = \"ghost\"",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "server.listen",
+                "upstream.url",
+                "policies.bad.budget_chars",
+                "policies.bad.duplicate_threshold",
+                "policies.bad.pin_patterns",
+                "routes[0].path",
+                "routes[0].policy",
+                "tenants.policies.acme",
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn stable_mode_is_refused_until_it_exists() {
+        let err = runtime("[policies.default]\nmode = \"stable\"").unwrap_err();
+        assert_eq!(err.0[0].path, "policies.default.mode");
+    }
+}
