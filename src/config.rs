@@ -86,14 +86,14 @@ impl Default for UpstreamConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CacheConfig {
-    /// Compaction outcomes kept for repeated requests; 0 turns the cache off.
-    pub max_entries: u64,
+    /// Bytes of request and forwarded bodies the cache may hold; 0 turns it off.
+    pub max_bytes: u64,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            max_entries: 10_000,
+            max_bytes: 256 * 1024 * 1024,
         }
     }
 }

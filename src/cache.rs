@@ -1,0 +1,111 @@
+//! The compaction cache: a repeated request body under the same policy
+//! (client retries, parallel samples, replays) is answered without running
+//! the engine again. Bounded in bytes by moka; emptied on config reload.
+//!
+//! Entries are keyed by a hash but hold the input too, and a hit is only
+//! used when the input is byte-equal: a hash collision must never forward
+//! another conversation's messages.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use moka::sync::Cache;
+
+use crate::metrics::LossSummary;
+
+/// What compacting one body produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub loss: LossSummary,
+    /// The body to forward, or `None` when it is the input unchanged.
+    pub rewritten: Option<Bytes>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    input: Bytes,
+    outcome: Arc<Outcome>,
+}
+
+pub struct CompactionCache {
+    entries: Option<Cache<u64, Arc<Entry>>>,
+}
+
+impl CompactionCache {
+    pub fn new(max_bytes: u64) -> Self {
+        let entries = (max_bytes > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, e: &Arc<Entry>| {
+                    let bytes = e.input.len() + e.outcome.rewritten.as_ref().map_or(0, Bytes::len);
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .build()
+        });
+        CompactionCache { entries }
+    }
+
+    fn key(policy: &str, input: &[u8]) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        policy.hash(&mut h);
+        input.hash(&mut h);
+        h.finish()
+    }
+
+    pub fn get(&self, policy: &str, input: &[u8]) -> Option<Arc<Outcome>> {
+        let entry = self.entries.as_ref()?.get(&Self::key(policy, input))?;
+        (entry.input.as_ref() == input).then(|| entry.outcome.clone())
+    }
+
+    pub fn insert(&self, policy: &str, input: Bytes, outcome: Arc<Outcome>) {
+        if let Some(entries) = &self.entries {
+            entries.insert(Self::key(policy, &input), Arc::new(Entry { input, outcome }));
+        }
+    }
+
+    pub fn clear(&self) {
+        if let Some(entries) = &self.entries {
+            entries.invalidate_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome() -> Arc<Outcome> {
+        Arc::new(Outcome {
+            loss: LossSummary {
+                input_chars: 2,
+                output_chars: 1,
+                input_messages: 2,
+                output_messages: 1,
+                dropped_messages: 1,
+                trimmed_messages: 0,
+                retained_ratio: 0.5,
+                budget_met: true,
+            },
+            rewritten: Some(Bytes::from_static(b"{}")),
+        })
+    }
+
+    #[test]
+    fn hits_only_for_the_same_policy_and_bytes() {
+        let cache = CompactionCache::new(1 << 20);
+        cache.insert("a", Bytes::from_static(b"body"), outcome());
+        assert!(cache.get("a", b"body").is_some());
+        assert!(cache.get("b", b"body").is_none());
+        assert!(cache.get("a", b"body2").is_none());
+        cache.clear();
+        assert!(cache.get("a", b"body").is_none());
+    }
+
+    #[test]
+    fn size_zero_turns_the_cache_off() {
+        let cache = CompactionCache::new(0);
+        cache.insert("a", Bytes::from_static(b"body"), outcome());
+        assert!(cache.get("a", b"body").is_none());
+    }
+}

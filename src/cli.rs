@@ -1,0 +1,228 @@
+//! The binary's commands: `serve` (the default), `compact` and
+//! `check-config`. `main.rs` only parses flags and calls [`run`].
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, ConfigErrors, LogFormat, Overrides};
+use crate::memory_compact;
+use crate::metrics::LossSummary;
+use crate::openai::ChatBody;
+use crate::policy::Runtime;
+use crate::proxy::{self, AppState};
+
+#[derive(Debug, Parser)]
+#[command(name = "compaction-proxy", version, about = "Compacts chat histories on their way to an OpenAI-compatible API")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy (the default).
+    Serve(ServeArgs),
+    /// Compact one request read from stdin, offline.
+    Compact {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Policy for chat-completions bodies (default: the first route's).
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// Validate the configuration and print every problem.
+    CheckConfig {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML file layered over the embedded default.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:8080.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Upstream base URL, e.g. https://api.openai.com.
+    #[arg(long)]
+    pub upstream: Option<String>,
+}
+
+/// Runs the parsed command; the exit code says whether it succeeded.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        None => serve(cli.serve),
+        Some(Command::Serve(args)) => serve(args),
+        Some(Command::Compact { config, policy }) => compact(config, policy),
+        Some(Command::CheckConfig { config }) => check_config(config),
+    }
+}
+
+fn load(file: Option<&PathBuf>, overrides: &Overrides) -> Result<Runtime, ConfigErrors> {
+    Runtime::new(config::load(file.map(PathBuf::as_path), std::env::vars(), overrides)?)
+}
+
+fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    match load(file.as_ref(), &Overrides::default()) {
+        Ok(rt) => {
+            println!(
+                "configuration OK: {} policies, {} routes, upstream {}",
+                rt.config.policies.len(),
+                rt.config.routes.len(),
+                rt.upstream
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<ExitCode> {
+    let mut input = Vec::new();
+    std::io::stdin().read_to_end(&mut input)?;
+    let value: serde_json::Value = match serde_json::from_slice(&input) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: stdin is not valid JSON: {e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    if value.get("budget_chars").is_some() || value.get("messages").is_none() {
+        // The memory-compact API's request: print exactly what the API answers.
+        return match memory_compact::validate(&value) {
+            Ok(request) => {
+                serde_json::to_writer(&mut stdout, &request.compact())?;
+                writeln!(stdout)?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(invalid) => {
+                eprintln!("error: the memory-compact request is invalid:");
+                for v in &invalid.0 {
+                    eprintln!("  {}: {}", if v.path.is_empty() { "/" } else { &v.path }, v.message);
+                }
+                Ok(ExitCode::FAILURE)
+            }
+        };
+    }
+
+    let runtime = match load(file.as_ref(), &Overrides::default()) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let name = policy
+        .or_else(|| runtime.config.routes.first().map(|r| r.policy.clone()))
+        .unwrap_or_else(|| "default".into());
+    let Some(policy) = runtime.policy(&name) else {
+        eprintln!("error: no policy named {name:?}");
+        return Ok(ExitCode::FAILURE);
+    };
+    let chat = match ChatBody::parse(&input) {
+        Ok(chat) => chat,
+        Err(skip) => {
+            eprintln!("error: {skip}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let (report, rewritten) = chat.compact(&policy);
+    match rewritten {
+        Some(body) => stdout.write_all(body.as_bytes())?,
+        None => stdout.write_all(&input)?,
+    }
+    let loss = LossSummary::from_report(&report);
+    eprintln!(
+        "policy {name}: {} -> {} chars, {} -> {} messages ({} dropped, {} trimmed), retained {}, budget {}",
+        loss.input_chars,
+        loss.output_chars,
+        loss.input_messages,
+        loss.output_messages,
+        loss.dropped_messages,
+        loss.trimmed_messages,
+        loss.retained_ratio,
+        if loss.budget_met { "met" } else { "missed" },
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let overrides = Overrides {
+        listen: args.listen.clone(),
+        upstream: args.upstream.clone(),
+    };
+    let runtime = match load(args.config.as_ref(), &overrides) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    init_logging(runtime.config.server.log_format);
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tokio.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(runtime.listen).await?;
+        let grace = Duration::from_secs_f64(runtime.config.server.shutdown_grace_secs);
+        tracing::info!(listen = %listener.local_addr()?, upstream = %runtime.upstream, "compaction-proxy listening");
+        let state = AppState::new(runtime);
+        tokio::spawn(reload_on_sighup(state.clone(), args, overrides));
+        proxy::server::serve(listener, state, shutdown_signal(), grace).await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+/// Reloads the configuration on SIGHUP. A bad file is refused with its
+/// problems logged, and the configuration in force stays.
+async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Overrides) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reload disabled");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match load(args.config.as_ref(), &overrides) {
+            Ok(runtime) => {
+                if runtime.listen != state.runtime().listen {
+                    tracing::warn!("server.listen changed; it takes effect on restart only");
+                }
+                tracing::info!(policies = runtime.config.policies.len(), "configuration reloaded");
+                state.reload(runtime);
+            }
+            Err(errors) => {
+                tracing::error!(problems = %errors, "configuration reload refused; the previous configuration stays in force");
+            }
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The proxy's own failures, each with one HTTP status and an OpenAI-style
+//! JSON body: `{"error": {"message", "type", "code"}}`. A client's mistake
+//! is a 4xx logged at WARN; our or the upstream's failure a 5xx at ERROR.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::json;
+
+use crate::memory_compact::InvalidRequest;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("request body is larger than the {limit} bytes allowed")]
+    BodyTooLarge { limit: usize },
+    #[error("request body could not be read: {0}")]
+    ClientBody(String),
+    #[error("request body could not be decoded as {encoding}: {reason}")]
+    BadEncoding { encoding: &'static str, reason: String },
+    #[error("method {0} is not allowed here")]
+    MethodNotAllowed(http::Method),
+    #[error("content type must be application/json")]
+    UnsupportedMediaType,
+    #[error("{0}")]
+    InvalidRequest(#[from] InvalidRequest),
+    #[error("upstream could not be reached: {0}")]
+    UpstreamUnreachable(String),
+    #[error("upstream sent no response headers within {0} seconds")]
+    UpstreamTimeout(f64),
+    #[error("the proxy is shutting down")]
+    ShuttingDown,
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientBody(_) | ProxyError::BadEncoding { .. } | ProxyError::InvalidRequest(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The OpenAI error `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::InvalidRequest(_) => "invalid_request",
+            e if e.status().is_client_error() => "invalid_request_error",
+            _ => "proxy_error",
+        }
+    }
+
+    /// A stable machine-readable `code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::BodyTooLarge { .. } => "body_too_large",
+            ProxyError::ClientBody(_) => "body_unreadable",
+            ProxyError::BadEncoding { .. } => "bad_content_encoding",
+            ProxyError::MethodNotAllowed(_) => "method_not_allowed",
+            ProxyError::UnsupportedMediaType => "unsupported_media_type",
+            ProxyError::InvalidRequest(_) => "validation_failed",
+            ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
+            ProxyError::UpstreamTimeout(_) => "upstream_timeout",
+            ProxyError::ShuttingDown => "shutting_down",
+        }
+    }
+
+    pub fn is_client_error(&self) -> bool {
+        self.status().is_client_error()
+    }
+
+    pub fn to_response(&self) -> Response<Bytes> {
+        let mut error = json!({
+            "message": self.to_string(),
+            "type": self.kind(),
+            "code": self.code(),
+        });
+        if let ProxyError::InvalidRequest(invalid) = self {
+            error["details"] = serde_json::to_value(&invalid.0).expect("violations serialise");
+        }
+        let body = serde_json::to_vec(&json!({ "error": error })).expect("json serialises");
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = self.status();
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let ProxyError::MethodNotAllowed(_) = self {
+            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_an_openai_shaped_body() {
+        let errors = [
+            ProxyError::BodyTooLarge { limit: 10 },
+            ProxyError::UpstreamUnreachable("connection refused".into()),
+            ProxyError::UpstreamTimeout(1.5),
+            ProxyError::MethodNotAllowed(http::Method::GET),
+        ];
+        for e in errors {
+            let r = e.to_response();
+            let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+            assert_eq!(v["error"]["code"], e.code());
+            assert!(v["error"]["message"].as_str().unwrap().len() > 5);
+            assert_eq!(r.status(), e.status());
+        }
+    }
+
+    #[test]
+    fn client_mistakes_are_4xx_and_upstream_failures_5xx() {
+        assert!(ProxyError::BodyTooLarge { limit: 1 }.is_client_error());
+        assert_eq!(ProxyError::UpstreamUnreachable(String::new()).status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(ProxyError::UpstreamTimeout(1.0).status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+}

@@ -1,0 +1,82 @@
+//! The upstream client: hyper-util's pooled client over rustls (HTTP/1.1,
+//! and HTTP/2 where the upstream offers it by ALPN), with a deadline for
+//! the response headers only: streamed bodies have no total limit.
+
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::body::ProxyBody;
+use crate::error::ProxyError;
+
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+}
+
+impl Upstream {
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http);
+        Upstream {
+            client: Client::builder(TokioExecutor::new()).build(https),
+        }
+    }
+
+    /// Sends `request`; 502 when the upstream cannot be reached or fails
+    /// before answering, 504 when its headers take longer than `header_timeout`.
+    /// Dropping the returned future (a client that left) cancels the request.
+    pub async fn send(&self, request: Request<ProxyBody>, header_timeout: Duration) -> Result<Response<Incoming>, ProxyError> {
+        match tokio::time::timeout(header_timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(describe(&e))),
+            Err(_) => Err(ProxyError::UpstreamTimeout(header_timeout.as_secs_f64())),
+        }
+    }
+}
+
+/// The error chain as one line (the client's top error says little).
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The upstream URI for a request: the configured base (scheme, authority
+/// and any path prefix) joined with the request's path and query.
+pub fn target(base: &Uri, path_and_query: &str) -> Uri {
+    let prefix = base.path().trim_end_matches('/');
+    let mut parts = base.clone().into_parts();
+    let joined = format!("{prefix}{path_and_query}");
+    parts.path_and_query = Some(joined.parse().unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")));
+    Uri::from_parts(parts).unwrap_or_else(|_| base.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_base_prefix_with_path_and_query() {
+        let base: Uri = "http://127.0.0.1:9/".parse().unwrap();
+        assert_eq!(target(&base, "/v1/chat/completions?x=1").to_string(), "http://127.0.0.1:9/v1/chat/completions?x=1");
+        let base: Uri = "https://gw.example/openai/".parse().unwrap();
+        assert_eq!(target(&base, "/v1/models").to_string(), "https://gw.example/openai/v1/models");
+    }
+}

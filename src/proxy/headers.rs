@@ -1,0 +1,104 @@
+//! Header rules: hop-by-hop headers are stripped in both directions, and
+//! the loss report is written onto responses of matched routes.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::metrics::{LossSummary, Status};
+
+/// Hop-by-hop headers (RFC 9110 7.6.1) plus the legacy ones proxies see.
+pub const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Removes hop-by-hop headers and every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&named) {
+        headers.remove(name);
+    }
+}
+
+pub const STATUS: &str = "x-compaction-status";
+pub const POLICY: &str = "x-compaction-policy";
+pub const BYPASS: &str = "x-compaction-bypass";
+
+/// Writes the loss report headers of INTERFACE.md.
+pub fn write_loss_report(headers: &mut HeaderMap, status: Status, policy: &str, loss: Option<&LossSummary>) {
+    let mut set = |name: &'static str, value: String| {
+        if let Ok(v) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    };
+    set(STATUS, status.header());
+    set(POLICY, policy.to_owned());
+    if let Some(loss) = loss {
+        set("x-compaction-input-chars", loss.input_chars.to_string());
+        set("x-compaction-output-chars", loss.output_chars.to_string());
+        set("x-compaction-input-messages", loss.input_messages.to_string());
+        set("x-compaction-output-messages", loss.output_messages.to_string());
+        set("x-compaction-dropped-messages", loss.dropped_messages.to_string());
+        set("x-compaction-trimmed-messages", loss.trimmed_messages.to_string());
+        set("x-compaction-retained-ratio", loss.retained_ratio.to_string());
+        set("x-compaction-budget-met", loss.budget_met.to_string());
+    }
+}
+
+/// True when the request asks to skip compaction.
+pub fn wants_bypass(headers: &HeaderMap) -> bool {
+    headers
+        .get(BYPASS)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removes_the_static_hop_by_hop_list() {
+        let mut h = HeaderMap::new();
+        for name in HOP_BY_HOP.iter() {
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+        }
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::AUTHORIZATION), "end-to-end headers stay");
+    }
+
+    #[test]
+    fn removes_headers_named_in_connection() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("close, X-Internal-Hop"));
+        h.insert("x-internal-hop", HeaderValue::from_static("1"));
+        h.insert("x-other", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert!(!h.contains_key("x-internal-hop"));
+        assert!(h.contains_key("x-other"));
+    }
+
+    #[test]
+    fn bypass_needs_an_explicit_true() {
+        let mut h = HeaderMap::new();
+        assert!(!wants_bypass(&h));
+        h.insert(BYPASS, HeaderValue::from_static("TRUE"));
+        assert!(wants_bypass(&h));
+        h.insert(BYPASS, HeaderValue::from_static("1"));
+        assert!(!wants_bypass(&h));
+    }
+}

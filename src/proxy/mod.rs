@@ -1,0 +1,289 @@
+//! The reverse proxy. One request's path through it, in order:
+//!
+//! 1. **accept** ([`server`]): TCP with Nagle off, HTTP/1.1 or HTTP/2.
+//! 2. **admin** ([`crate::admin`]): `/healthz`, `/readyz`, `/metrics` and
+//!    `/v1/memory-compact` are answered here, never forwarded.
+//! 3. **route + policy** ([`crate::policy::Runtime::resolve`]): the first
+//!    matching route's policy, overridden by a configured tenant's.
+//!    Unmatched requests are forwarded untouched, body streamed.
+//! 4. **decode** ([`body`]): a POST on a matched route is collected up to
+//!    `max_body_bytes` (413 past it, nothing forwarded) and gzip/deflate is
+//!    decoded under the same cap.
+//! 5. **compact** ([`crate::openai`], [`crate::engine`], [`crate::cache`]):
+//!    `messages` is compacted under the policy; anything not compactable is
+//!    forwarded as received and marked `skipped`.
+//! 6. **forward** ([`forward`]): hop-by-hop headers stripped, Host set for
+//!    the upstream; 502 if unreachable, 504 without headers in time.
+//! 7. **stream back** ([`body::Watched`]): the response goes back frame by
+//!    frame with the loss report headers ([`headers`]), cut after an idle
+//!    timeout; a departing client drops the upstream request.
+//! 8. **record** ([`crate::metrics::RequestEvent`]): when the response body
+//!    ends, one event updates the metrics and writes the log line.
+
+pub mod body;
+pub mod forward;
+pub mod headers;
+pub mod server;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::cache::{CompactionCache, Outcome};
+use crate::error::ProxyError;
+use crate::metrics::{LossSummary, Metrics, RequestEvent, Status, UNMATCHED_ROUTE};
+use crate::openai::ChatBody;
+use crate::policy::{Resolution, Runtime, OTHER_TENANT};
+use body::{BodyEnd, Coding, ProxyBody};
+use forward::Upstream;
+
+/// State shared by all requests. The runtime (config and policies) is
+/// swapped whole on reload; each request holds the one it started with.
+pub struct AppState {
+    runtime: RwLock<Arc<Runtime>>,
+    pub metrics: Metrics,
+    pub cache: CompactionCache,
+    upstream: Upstream,
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(runtime: Runtime) -> Arc<Self> {
+        let connect = Duration::from_secs_f64(runtime.config.upstream.connect_timeout_secs);
+        Arc::new(AppState {
+            cache: CompactionCache::new(runtime.config.cache.max_bytes),
+            runtime: RwLock::new(Arc::new(runtime)),
+            metrics: Metrics::new(),
+            upstream: Upstream::new(connect),
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    pub fn runtime(&self) -> Arc<Runtime> {
+        self.runtime.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a new configuration in force for the requests that start after.
+    pub fn reload(&self, runtime: Runtime) {
+        *self.runtime.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime);
+        self.cache.clear();
+    }
+
+    pub fn is_ready(&self) -> bool {
+        !self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Handles one request end to end (the numbered steps above).
+pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
+    if let Some(response) = crate::admin::handle(&state, &request).await {
+        return response;
+    }
+    if request.uri().path() == crate::admin::MEMORY_COMPACT {
+        return crate::admin::memory_compact(&state, request).await;
+    }
+    let started = Instant::now();
+    let runtime = state.runtime();
+    let mut event = RequestEvent {
+        method: request.method().clone(),
+        path: request.uri().path().to_owned(),
+        route: UNMATCHED_ROUTE.to_owned(),
+        policy: None,
+        tenant: OTHER_TENANT.to_owned(),
+        status: None,
+        loss: None,
+        compaction_seconds: None,
+        upstream_status: None,
+        upstream_seconds: None,
+        response_status: 0,
+        total_seconds: 0.0,
+        stream_error: None,
+    };
+
+    let Some(resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
+        let (parts, body) = request.into_parts();
+        let body = body.map_err(Into::into).boxed_unsync();
+        return forward(&state, &runtime, parts, body, None, event, started).await;
+    };
+    event.route = resolution.route.clone();
+    event.policy = Some(resolution.policy.name.clone());
+    event.tenant = resolution.tenant.clone();
+
+    let (parts, body) = request.into_parts();
+    let policy = &resolution.policy;
+    if parts.method != Method::POST {
+        let body = body.map_err(Into::into).boxed_unsync();
+        let report = Some((Status::Skipped("not-post"), None));
+        return forward(&state, &runtime, parts, body, report.map(|r| (resolution, r)), event, started).await;
+    }
+    if policy.allow_bypass && headers::wants_bypass(&parts.headers) {
+        let body = body.map_err(Into::into).boxed_unsync();
+        return forward(&state, &runtime, parts, body, Some((resolution, (Status::Bypassed, None))), event, started)
+            .await;
+    }
+
+    let limit = runtime.config.server.max_body_bytes;
+    let declared_too_large = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > limit as u64);
+    let received = if declared_too_large {
+        Err(ProxyError::BodyTooLarge { limit })
+    } else {
+        body::collect_limited(body, limit).await
+    };
+    let coding = body::request_coding(&parts.headers);
+    let decoded = received.and_then(|raw| Ok((body::decode(&raw, coding, limit)?, raw)));
+    let (decoded, raw) = match decoded {
+        Ok(pair) => pair,
+        Err(e) => return local_error(&state, e, Some(&resolution), event, started),
+    };
+
+    let (status, outcome) = compact(&state, &resolution, &decoded, coding, &mut event);
+    let forwarded = match (&status, &outcome) {
+        (Status::Compacted, Some(outcome)) => outcome.rewritten.clone(),
+        _ => None,
+    };
+    let mut parts = parts;
+    let body = match forwarded {
+        Some(rewritten) => {
+            // The rewritten body is plain JSON whatever the client sent.
+            parts.headers.remove(header::CONTENT_ENCODING);
+            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+            rewritten
+        }
+        None => raw,
+    };
+    let loss = outcome.map(|o| o.loss);
+    event.loss = loss;
+    forward(&state, &runtime, parts, body::full(body), Some((resolution, (status, loss))), event, started).await
+}
+
+/// Step 5: decides what to forward. Returns the status and, when the engine
+/// ran, its outcome (from the cache when the same body was seen before).
+fn compact(
+    state: &AppState,
+    resolution: &Resolution,
+    decoded: &Bytes,
+    coding: Coding,
+    event: &mut RequestEvent,
+) -> (Status, Option<Arc<Outcome>>) {
+    if coding == Coding::Unsupported {
+        return (Status::Skipped("unsupported-encoding"), None);
+    }
+    let policy = &resolution.policy;
+    let started = Instant::now();
+    let outcome = match state.cache.get(&policy.name, decoded) {
+        Some(hit) => {
+            state.metrics.cache_lookup(&policy.name, true);
+            hit
+        }
+        None => {
+            let chat = match ChatBody::parse(decoded) {
+                Ok(chat) => chat,
+                Err(skip) => return (Status::Skipped(skip.reason()), None),
+            };
+            let (report, rewritten) = chat.compact(policy);
+            let outcome = Arc::new(Outcome {
+                loss: LossSummary::from_report(&report),
+                rewritten: rewritten.map(Bytes::from),
+            });
+            state.metrics.cache_lookup(&policy.name, false);
+            state.cache.insert(&policy.name, decoded.clone(), outcome.clone());
+            outcome
+        }
+    };
+    event.compaction_seconds = Some(started.elapsed().as_secs_f64());
+    let status = if policy.dry_run {
+        Status::DryRun
+    } else if outcome.rewritten.is_some() {
+        Status::Compacted
+    } else {
+        Status::Unchanged
+    };
+    (status, Some(outcome))
+}
+
+type Report = (Resolution, (Status, Option<LossSummary>));
+
+/// Steps 6-8: forwards the request and streams the response back.
+async fn forward(
+    state: &Arc<AppState>,
+    runtime: &Runtime,
+    mut parts: http::request::Parts,
+    body: ProxyBody,
+    report: Option<Report>,
+    mut event: RequestEvent,
+    started: Instant,
+) -> Response<ProxyBody> {
+    if let Some((_, (status, _))) = &report {
+        event.status = Some(*status);
+    }
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    parts.uri = forward::target(&runtime.upstream, &path_and_query);
+    parts.version = http::Version::HTTP_11;
+    headers::strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+
+    let header_timeout = Duration::from_secs_f64(runtime.config.upstream.response_header_timeout_secs);
+    let idle = Duration::from_secs_f64(runtime.config.upstream.idle_timeout_secs);
+    let sent = Instant::now();
+    let response = match state.upstream.send(Request::from_parts(parts, body), header_timeout).await {
+        Ok(response) => response,
+        Err(e) => {
+            event.status = event.status.map(|_| Status::Error);
+            return local_error(state, e, report.as_ref().map(|(r, _)| r), event, started);
+        }
+    };
+
+    let (mut parts, upstream_body) = response.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers);
+    if let Some((resolution, (status, loss))) = &report {
+        headers::write_loss_report(&mut parts.headers, *status, &resolution.policy.name, loss.as_ref());
+    }
+    event.upstream_status = Some(parts.status.as_u16());
+    event.response_status = parts.status.as_u16();
+
+    let state = state.clone();
+    let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {
+        event.upstream_seconds = Some(sent.elapsed().as_secs_f64());
+        event.total_seconds = started.elapsed().as_secs_f64();
+        match end {
+            BodyEnd::Complete => {}
+            BodyEnd::Failed(e) => event.stream_error = Some(e),
+            BodyEnd::Abandoned => event.stream_error = Some("client went away".into()),
+        }
+        event.emit(&state.metrics);
+    });
+    Response::from_parts(parts, watched.boxed_unsync())
+}
+
+/// Answers with the proxy's own error, recording it.
+fn local_error(
+    state: &AppState,
+    error: ProxyError,
+    resolution: Option<&Resolution>,
+    mut event: RequestEvent,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = error.to_response().into_parts();
+    if let Some(resolution) = resolution {
+        event.status = Some(Status::Error);
+        headers::write_loss_report(&mut parts.headers, Status::Error, &resolution.policy.name, None);
+    }
+    event.response_status = parts.status.as_u16();
+    event.total_seconds = started.elapsed().as_secs_f64();
+    event.stream_error = Some(error.to_string());
+    event.emit(&state.metrics);
+    Response::from_parts(parts, body::full(body))
+}
