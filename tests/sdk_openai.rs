@@ -1,0 +1,75 @@
+//! The official OpenAI SDKs (Python and Node) work through the proxy
+//! unchanged: only the base URL differs, streaming included. CI installs
+//! both and sets `COMPACTION_PROXY_REQUIRE_SDK=1`; elsewhere a missing SDK
+//! makes its test say it was skipped.
+
+mod support;
+
+use support::*;
+
+const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk");
+
+/// Whether `program args` runs; fails instead of skipping when CI requires the SDKs.
+fn sdk_available(what: &str, program: &str, args: &[&str]) -> bool {
+    let found = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os("COMPACTION_PROXY_REQUIRE_SDK").is_none(),
+            "{what} is required here (see .ci/run for how it is installed)"
+        );
+        eprintln!("skipped: {what} is not installed (see .ci/run)");
+    }
+    found
+}
+
+/// Runs an SDK script against a proxy in front of an OpenAI-like mock and
+/// checks what the SDK saw against what the upstream received.
+async fn drive(program: &'static str, script: String) {
+    let upstream = MockUpstream::start(Behavior::OpenAiChat).await;
+    let proxy = TestProxy::start("[policies.default]\nbudget_chars = 3000", &upstream.url()).await;
+    let base_url = proxy.url("/v1");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(program)
+            .args([script.as_str(), &base_url])
+            .output()
+            .expect("the SDK script runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "SDK script failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&output.stdout).expect("script prints JSON");
+
+    let forwarded = upstream.received();
+    assert_eq!(forwarded.len(), 2, "one plain and one streaming request");
+    let kept = forwarded[0].json()["messages"].as_array().unwrap().len();
+    assert!(kept < seen["sent_messages"].as_u64().unwrap() as usize, "the history was compacted");
+    assert_eq!(forwarded[0].headers["authorization"], "Bearer sk-sdk-test-key");
+    assert_eq!(seen["status_header"], "compacted");
+    assert_eq!(seen["output_messages_header"], kept.to_string());
+    let expected = format!("received {kept} messages");
+    assert_eq!(seen["text"], expected.as_str());
+    assert_eq!(seen["streamed_text"], expected.as_str(), "the stream arrived whole through the proxy");
+    assert_eq!(forwarded[1].json()["stream"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_works_unchanged_streaming_included() {
+    if sdk_available("the openai Python package", "python3", &["-c", "import openai"]) {
+        drive("python3", format!("{DIR}/openai_python.py")).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_sdk_works_unchanged_streaming_included() {
+    let probe = format!("{DIR}/node/node_modules/openai/package.json");
+    if sdk_available("the openai Node package in tests/sdk/node", "node", &["-e", &format!("require('{probe}')")]) {
+        drive("node", format!("{DIR}/node/openai_node.mjs")).await;
+    }
+}

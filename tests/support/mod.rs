@@ -1,0 +1,403 @@
+//! Test support: an in-process mock upstream that records what it received
+//! and answers as told (JSON, slow SSE, reset, stall), and the real proxy
+//! server started in-process against it.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use compaction_proxy::config::{self, Overrides};
+use compaction_proxy::policy::Runtime;
+use compaction_proxy::proxy::{self, AppState};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// What the mock upstream received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: http::Method,
+    pub uri: http::Uri,
+    pub version: http::Version,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Received {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("upstream received JSON")
+    }
+}
+
+/// How the mock answers.
+#[derive(Debug, Clone)]
+pub enum Behavior {
+    /// A JSON body with this status.
+    Json(u16, serde_json::Value),
+    /// `text/event-stream`: each chunk sent after `gap`, then the body ends.
+    Sse { chunks: Vec<String>, gap: Duration },
+    /// Sends these SSE chunks, then resets the connection mid-stream.
+    ResetAfter(Vec<String>),
+    /// Never sends response headers.
+    Stall,
+    /// Sends headers, then nothing (an idle body).
+    SilentBody,
+    /// Answers like the OpenAI API: a chat completion, or its SSE stream
+    /// when the request has `"stream": true`. The reply text reports how
+    /// many messages arrived (`"received N messages"`).
+    OpenAiChat,
+}
+
+#[derive(Default)]
+struct Shared {
+    received: Vec<Received>,
+    /// Requests whose handling was cut off by the proxy (connection closed).
+    cancelled: usize,
+    behavior: Option<Behavior>,
+}
+
+#[derive(Clone)]
+pub struct MockUpstream {
+    pub addr: SocketAddr,
+    shared: Arc<Mutex<Shared>>,
+}
+
+struct CancelGuard {
+    shared: Arc<Mutex<Shared>>,
+    done: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.lock().unwrap().cancelled += 1;
+        }
+    }
+}
+
+/// A body stream that counts as cancelled if dropped before its end.
+struct GuardedStream {
+    rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>,
+    guard: CancelGuard,
+}
+
+impl http_body::Body for GuardedStream {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let polled = self.rx.poll_recv(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            self.guard.done = true;
+        }
+        polled
+    }
+}
+
+impl MockUpstream {
+    pub async fn start(behavior: Behavior) -> MockUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Mutex::new(Shared {
+            behavior: Some(behavior),
+            ..Default::default()
+        }));
+        let mock = MockUpstream { addr, shared };
+        let server = mock.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let server = server.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let server = server.clone();
+                        async move { Ok::<_, Infallible>(server.answer(req).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        mock
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_behavior(&self, behavior: Behavior) {
+        self.shared.lock().unwrap().behavior = Some(behavior);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.shared.lock().unwrap().received.clone()
+    }
+
+    pub fn last(&self) -> Received {
+        self.received().pop().expect("upstream received a request")
+    }
+
+    pub fn cancelled(&self) -> usize {
+        self.shared.lock().unwrap().cancelled
+    }
+
+    async fn answer(&self, req: Request<Incoming>) -> Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let behavior = {
+            let mut shared = self.shared.lock().unwrap();
+            shared.received.push(Received {
+                method: parts.method,
+                uri: parts.uri,
+                version: parts.version,
+                headers: parts.headers,
+                body,
+            });
+            shared.behavior.clone().expect("behavior set")
+        };
+        match behavior {
+            Behavior::Json(status, value) => Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(value.to_string())).map_err(|e| match e {}).boxed())
+                .unwrap(),
+            Behavior::Sse { chunks, gap } => self.sse(chunks, gap, false),
+            Behavior::OpenAiChat => {
+                let request: serde_json::Value = serde_json::from_slice(&self.last().body).unwrap_or_default();
+                let n = request["messages"].as_array().map_or(0, Vec::len);
+                let text = format!("received {n} messages");
+                if request["stream"] == serde_json::Value::Bool(true) {
+                    let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+                        let event = serde_json::json!({
+                            "id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1, "model": "mock",
+                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                        });
+                        format!("data: {event}\n\n")
+                    };
+                    let mut chunks = vec![chunk(serde_json::json!({"role": "assistant", "content": ""}), serde_json::Value::Null)];
+                    for word in text.split_inclusive(' ') {
+                        chunks.push(chunk(serde_json::json!({"content": word}), serde_json::Value::Null));
+                    }
+                    chunks.push(chunk(serde_json::json!({}), serde_json::json!("stop")));
+                    chunks.push("data: [DONE]\n\n".to_owned());
+                    self.sse(chunks, Duration::from_millis(5), false)
+                } else {
+                    let completion = serde_json::json!({
+                        "id": "chatcmpl-mock", "object": "chat.completion", "created": 1, "model": "mock",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    });
+                    Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(completion.to_string())).map_err(|e| match e {}).boxed())
+                        .unwrap()
+                }
+            }
+            Behavior::ResetAfter(chunks) => self.sse(chunks, Duration::from_millis(20), true),
+            Behavior::Stall => {
+                let _guard = CancelGuard {
+                    shared: self.shared.clone(),
+                    done: false,
+                };
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                unreachable!("the proxy gives up first")
+            }
+            Behavior::SilentBody => {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    drop(tx);
+                });
+                let stream = GuardedStream {
+                    rx,
+                    guard: CancelGuard {
+                        shared: self.shared.clone(),
+                        done: false,
+                    },
+                };
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(stream.boxed())
+                    .unwrap()
+            }
+        }
+    }
+
+    fn sse(&self, chunks: Vec<String>, gap: Duration, reset: bool) -> Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            for chunk in chunks {
+                tokio::time::sleep(gap).await;
+                if tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
+                    return; // the proxy went away: the guard records it
+                }
+            }
+            if reset {
+                let _ = tx
+                    .send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "mock reset")))
+                    .await;
+            }
+        });
+        let stream = GuardedStream {
+            rx,
+            guard: CancelGuard {
+                shared: self.shared.clone(),
+                done: false,
+            },
+        };
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("cache-control", "no-cache")
+            .body(stream.boxed())
+            .unwrap()
+    }
+}
+
+/// The real proxy server, in-process, on an ephemeral port.
+pub struct TestProxy {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    stop: Option<oneshot::Sender<()>>,
+    pub config_path: std::path::PathBuf,
+}
+
+impl TestProxy {
+    /// Starts the proxy with `toml` layered over the embedded default and
+    /// the upstream set to `upstream`.
+    pub async fn start(toml: &str, upstream: &str) -> TestProxy {
+        let runtime = runtime(toml, upstream);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = AppState::new(runtime);
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(proxy::server::serve(
+            listener,
+            state.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(5),
+        ));
+        TestProxy {
+            addr,
+            state,
+            stop: Some(stop),
+            config_path: std::path::PathBuf::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Drop for TestProxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A runtime from `toml` over the embedded default, upstream overridden.
+pub fn runtime(toml: &str, upstream: &str) -> Runtime {
+    let path = temp_file("config.toml", toml.as_bytes());
+    let overrides = Overrides {
+        listen: Some("127.0.0.1:0".into()),
+        upstream: Some(upstream.into()),
+    };
+    let config = config::load(Some(&path), Vec::new(), &overrides).expect("test config loads");
+    Runtime::new(config).expect("test config is valid")
+}
+
+pub fn temp_file(name: &str, contents: &[u8]) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!("compaction-proxy-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+pub type Client = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A whole response: status, headers, body.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Sends a request and reads the whole answer.
+pub async fn send(request: Request<Full<Bytes>>) -> Answer {
+    let response = client().request(request).await.expect("proxy answers");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body completes").to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub fn post_json(url: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+    Request::post(url)
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-test-secret-0123456789")
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+/// Reads a fixture body from `tests/data/fixtures`.
+pub fn fixture(name: &str) -> Bytes {
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fixtures").join(name))
+        .unwrap()
+        .into()
+}
+
+/// Reads frames from a streaming response, returning each with its arrival time.
+pub async fn frames_with_times(response: Response<Incoming>) -> (Vec<(Instant, Bytes)>, Result<(), String>) {
+    let mut body = response.into_body();
+    let mut frames = Vec::new();
+    loop {
+        match body.frame().await {
+            None => return (frames, Ok(())),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    frames.push((Instant::now(), data));
+                }
+            }
+            Some(Err(e)) => return (frames, Err(e.to_string())),
+        }
+    }
+}
