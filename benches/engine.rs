@@ -1,6 +1,7 @@
 //! Engine throughput: `compact` over synthetic conversations of 20, 200 and
 //! 2,000 messages of about 1 KB each, with a budget of half the total so
-//! that dedupe, trim and drop all do work.
+//! that dedupe, trim and drop all do work; plus the same over a narrow
+//! vocabulary, the dedupe stage's worst case.
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
@@ -154,56 +155,126 @@ const WORDS: &[&str] = &[
 
 const ENDS: &[&str] = &[".", ".", ".", ".", "!", "?"];
 
-/// One sentence of 6..18 words, capitalised, ending in `.`, `!` or `?`.
-fn sentence(rng: &mut Lcg, out: &mut String) {
+/// Syllables of the synthetic long tail of the vocabulary.
+const SYLLABLES: &[&str] = &[
+    "ka", "ro", "mi", "ten", "sel", "dor", "an", "ve", "lu", "pra", "ing", "ex", "con", "ment",
+    "tion", "ber", "ster", "ple", "qua", "fi", "gra", "nol", "tur", "sha", "pen", "vis", "ard",
+    "lo", "mer", "ic",
+];
+
+/// Where words come from.
+struct Vocabulary {
+    words: Vec<String>,
+    /// Cumulative Zipf weights (`1 / rank`), or empty for uniform choice.
+    cumulative: Vec<f64>,
+}
+
+impl Vocabulary {
+    /// English-like: the common words of `WORDS` first, then 4,000
+    /// synthetic words, drawn with Zipf's law (weight 1 / rank), as word
+    /// frequencies in natural text are. Most words of a message are common,
+    /// a few are rare: what keeps prefix-filtered dedupe selective.
+    fn zipf(rng: &mut Lcg) -> Self {
+        let mut words: Vec<String> = WORDS.iter().map(|w| w.to_string()).collect();
+        while words.len() < WORDS.len() + 4_000 {
+            let syllables = 2 + rng.below(3);
+            let word: String = (0..syllables)
+                .map(|_| SYLLABLES[rng.below(SYLLABLES.len())])
+                .collect();
+            words.push(word);
+        }
+        let mut total = 0.0;
+        let cumulative = (0..words.len())
+            .map(|rank| {
+                total += 1.0 / (rank + 1) as f64;
+                total
+            })
+            .collect();
+        Vocabulary { words, cumulative }
+    }
+
+    /// A narrow, uniform vocabulary: only the ~130 `WORDS`, so every pair
+    /// of 1 KB messages shares most of its words. The worst case of the
+    /// dedupe stage's candidate search.
+    fn narrow() -> Self {
+        Vocabulary {
+            words: WORDS.iter().map(|w| w.to_string()).collect(),
+            cumulative: Vec::new(),
+        }
+    }
+
+    fn word(&self, rng: &mut Lcg) -> &str {
+        if self.cumulative.is_empty() {
+            return &self.words[rng.below(self.words.len())];
+        }
+        let total = self.cumulative[self.cumulative.len() - 1];
+        let x = rng.next() as f64 / (1u64 << 31) as f64 * total;
+        let rank = self.cumulative.partition_point(|&c| c < x);
+        &self.words[rank.min(self.words.len() - 1)]
+    }
+}
+
+/// One sentence of 6..18 words, capitalised, ending in `.`, `!` or `?`,
+/// now and then with a comma or an order number.
+fn sentence(rng: &mut Lcg, vocab: &Vocabulary, out: &mut String) {
     let len = 6 + rng.below(13);
     for i in 0..len {
-        let word = WORDS[rng.below(WORDS.len())];
         if i == 0 {
+            let word = vocab.word(rng);
             let mut cs = word.chars();
             if let Some(first) = cs.next() {
                 out.extend(first.to_uppercase());
                 out.push_str(cs.as_str());
             }
+            continue;
+        }
+        out.push(' ');
+        if !vocab.cumulative.is_empty() && rng.chance(2) {
+            out.push_str(&format!("DE-{}", 1000 + rng.below(9000)));
         } else {
-            out.push(' ');
-            out.push_str(word);
-            if rng.chance(6) {
-                out.push(',');
-            }
+            out.push_str(vocab.word(rng));
+        }
+        if rng.chance(6) {
+            out.push(',');
         }
     }
     out.push_str(ENDS[rng.below(ENDS.len())]);
 }
 
 /// About 1 KB (800..1200 chars) of sentences.
-fn text(rng: &mut Lcg) -> String {
+fn text(rng: &mut Lcg, vocab: &Vocabulary) -> String {
     let target = 800 + rng.below(400);
     let mut out = String::with_capacity(target + 200);
     while out.len() < target {
         if !out.is_empty() {
             out.push(' ');
         }
-        sentence(rng, &mut out);
+        sentence(rng, vocab, &mut out);
     }
     out
 }
 
 /// A near duplicate: the same text with two words replaced.
-fn near_duplicate(rng: &mut Lcg, original: &str) -> String {
+fn near_duplicate(rng: &mut Lcg, vocab: &Vocabulary, original: &str) -> String {
     let mut words: Vec<&str> = original.split(' ').collect();
     for _ in 0..2 {
         let at = rng.below(words.len());
-        words[at] = WORDS[rng.below(WORDS.len())];
+        words[at] = vocab.word(rng);
     }
     words.join(" ")
 }
 
 /// `n` messages: a system prompt, then mostly user/assistant turns with
-/// some tool results; about one in eight repeats an earlier message of the
-/// same role with small edits.
-fn conversation(n: usize, seed: u64) -> Vec<Message> {
+/// some tool results; every eighth (i = 4, 12, ...) repeats an earlier
+/// message of the same role with small edits (a near duplicate), when
+/// there is one.
+fn conversation(n: usize, seed: u64, narrow: bool) -> Vec<Message> {
     let mut rng = Lcg(seed);
+    let vocab = if narrow {
+        Vocabulary::narrow()
+    } else {
+        Vocabulary::zipf(&mut rng)
+    };
     let mut out: Vec<Message> = Vec::with_capacity(n);
     for i in 0..n {
         let role = match (i, rng.below(10)) {
@@ -213,11 +284,11 @@ fn conversation(n: usize, seed: u64) -> Vec<Message> {
             _ => Role::Tool,
         };
         let earlier: Vec<usize> = (0..i).filter(|&k| out[k].role == role).collect();
-        let content = if !earlier.is_empty() && rng.chance(12) {
+        let content = if !earlier.is_empty() && i % 8 == 4 {
             let k = earlier[rng.below(earlier.len())];
-            near_duplicate(&mut rng, &out[k].content)
+            near_duplicate(&mut rng, &vocab, &out[k].content)
         } else {
-            text(&mut rng)
+            text(&mut rng, &vocab)
         };
         out.push(Message::new(role, content));
     }
@@ -237,27 +308,33 @@ fn policy(messages: &[Message]) -> Policy {
     }
 }
 
-fn bench_compact(c: &mut Criterion) {
-    let mut group = c.benchmark_group("compact");
-    for n in [20usize, 200, 2_000] {
-        let messages = conversation(n, 0x5eed_0000 + n as u64);
+/// Benches `compact` at each size in one group, after checking that every
+/// stage does work on that input.
+fn bench_group(c: &mut Criterion, name: &str, sizes: &[usize], narrow: bool) {
+    let mut group = c.benchmark_group(name);
+    if narrow {
+        // Hundreds of milliseconds per run at 2,000 messages.
+        group.sample_size(10);
+    }
+    for &n in sizes {
+        let messages = conversation(n, 0x5eed_0000 + n as u64, narrow);
         let policy = policy(&messages);
         let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
 
         // Every stage must do work, or the bench measures less than it says.
         let report = compact(&messages, &policy);
-        assert!(report.budget.budget_met, "compact/{n}: budget not met");
+        assert!(report.budget.budget_met, "{name}/{n}: budget not met");
         assert!(
             !report.stages.dedupe.removed.is_empty(),
-            "compact/{n}: no dedupe"
+            "{name}/{n}: no dedupe"
         );
         assert!(
             !report.stages.trim.trimmed.is_empty(),
-            "compact/{n}: no trim"
+            "{name}/{n}: no trim"
         );
         assert!(
             !report.stages.drop.dropped.is_empty(),
-            "compact/{n}: no drop"
+            "{name}/{n}: no drop"
         );
 
         group.throughput(Throughput::Bytes(bytes as u64));
@@ -268,5 +345,16 @@ fn bench_compact(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_compact);
+/// English-like text: the engine's expected cost.
+fn bench_compact(c: &mut Criterion) {
+    bench_group(c, "compact", &[20, 200, 2_000], false);
+}
+
+/// A ~130-word vocabulary: the dedupe stage's worst case, which grows
+/// quadratically with the number of messages.
+fn bench_compact_narrow_vocabulary(c: &mut Criterion) {
+    bench_group(c, "compact_narrow_vocabulary", &[200, 2_000], true);
+}
+
+criterion_group!(benches, bench_compact, bench_compact_narrow_vocabulary);
 criterion_main!(benches);

@@ -3,15 +3,18 @@
 //! the same role; the earliest such message is the one reported.
 //!
 //! The spec's pairwise scan is quadratic; this finds the same pairs with
-//! prefix filtering: with tokens in one global order, two sets with Jaccard
-//! >= t must share a token among the first `|x| - ceil(t * |x|) + 1` of
-//! each. Only messages sharing such a token are compared exactly, which
-//! keeps the stage near linear on real conversations.
+//! prefix filtering: with tokens in one global order, two sets whose
+//! Jaccard reaches t share a token among the first `|x| - ceil(t * |x|) + 1`
+//! of each. Only messages sharing such a token are compared, and each
+//! comparison stops as soon as the threshold is out of reach. On varied text
+//! few pairs share a prefix token; on a narrow vocabulary (every message
+//! using the same few words) every earlier message is a candidate, but each
+//! costs only a few steps.
 
 use rustc_hash::FxHashMap;
 
 use super::score::Scores;
-use super::text::jaccard;
+use super::text::jaccard_at_least;
 use super::{round_to, DedupeRule, DedupeStage, Duplicate, Policy, Role, Working, DEDUPE_METHOD};
 
 pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> DedupeStage {
@@ -26,12 +29,13 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
                 break;
             }
             let message = &work.messages[j];
-            // Grouped messages take no part: removing one would orphan its group.
-            if !work.present[j] || message.group.is_some() {
+            if !work.present[j] {
                 continue;
             }
             let prefix = index.prefix(j);
-            if !work.protected[j] {
+            // A grouped message is never removed (that would orphan its
+            // group), but it is an earlier message others can duplicate.
+            if !work.protected[j] && message.group.is_none() {
                 candidates.clear();
                 for &token in prefix {
                     if let Some(earlier) = seen.get(&(message.role, token)) {
@@ -41,10 +45,9 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
                 candidates.sort_unstable();
                 candidates.dedup();
                 let set = &scores.word_sets[j];
-                let first = candidates
-                    .iter()
-                    .map(|&i| (i, jaccard(&scores.word_sets[i], set)))
-                    .find(|&(_, similarity)| similarity >= threshold);
+                let first = candidates.iter().find_map(|&i| {
+                    Some((i, jaccard_at_least(&scores.word_sets[i], set, threshold)?))
+                });
                 if let Some((i, similarity)) = first {
                     removed.push(Duplicate {
                         index: j,
@@ -74,7 +77,8 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
 }
 
 /// Each message's prefix tokens under one global token order (rarest
-/// first, so prefixes are selective).
+/// first, so prefixes are selective). Tokens are stored as their rank in
+/// that order; a prefix is used as a set, so it is selected, not sorted.
 struct PrefixIndex {
     prefixes: Vec<Vec<u32>>,
 }
@@ -87,14 +91,23 @@ impl PrefixIndex {
                 document_frequency[id as usize] += 1;
             }
         }
+        let mut by_rarity: Vec<u32> = (0..document_frequency.len() as u32).collect();
+        by_rarity.sort_unstable_by_key(|&id| (document_frequency[id as usize], id));
+        let mut rank = vec![0u32; by_rarity.len()];
+        for (r, &id) in by_rarity.iter().enumerate() {
+            rank[id as usize] = r as u32;
+        }
         let prefixes = scores
             .word_sets
             .iter()
             .map(|set| {
-                let mut ordered = set.clone();
-                ordered.sort_unstable_by_key(|&id| (document_frequency[id as usize], id));
-                ordered.truncate(prefix_len(set.len(), threshold));
-                ordered
+                let mut ranks: Vec<u32> = set.iter().map(|&id| rank[id as usize]).collect();
+                let len = prefix_len(set.len(), threshold);
+                if len > 0 && len < ranks.len() {
+                    ranks.select_nth_unstable(len - 1);
+                }
+                ranks.truncate(len);
+                ranks
             })
             .collect();
         PrefixIndex { prefixes }

@@ -14,7 +14,8 @@
 //!   assistant message with `tool_calls` and the tool messages answering it).
 //!   If one member is protected, all are (reason `tool_group`); grouped
 //!   messages are never removed as duplicates, because removing one alone
-//!   would orphan the others.
+//!   would orphan the others (they still count as the earlier message a
+//!   later ungrouped one duplicates).
 
 mod dedupe;
 mod drop;

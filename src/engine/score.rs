@@ -31,20 +31,25 @@ impl Scores {
             for &id in &buf {
                 counts[id as usize] += 1;
             }
-            word_sets.push(text::word_set(buf.clone()));
+            word_sets.push(text::word_set(&buf));
         }
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)
             .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)
             .collect();
         // Count descending, then the word in code-point order (UTF-8 byte
-        // order is code-point order).
-        topic.sort_unstable_by(|&a, &b| {
+        // order is code-point order). Only the first 25 matter, so select
+        // them before sorting.
+        let order = |&a: &u32, &b: &u32| {
             counts[b as usize]
                 .cmp(&counts[a as usize])
                 .then_with(|| vocab.word(a).cmp(vocab.word(b)))
-        });
-        topic.truncate(TOPIC_TERMS);
+        };
+        if topic.len() > TOPIC_TERMS {
+            topic.select_nth_unstable_by(TOPIC_TERMS - 1, order);
+            topic.truncate(TOPIC_TERMS);
+        }
+        topic.sort_unstable_by(order);
 
         let mut is_topic = vec![false; vocab.len()];
         for &id in &topic {

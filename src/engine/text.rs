@@ -60,23 +60,40 @@ impl Vocabulary {
     }
 
     /// Appends the ids of the words of `text`, in order, to `out`.
+    ///
+    /// Each word is lowercased whole with `str::to_lowercase`, which knows
+    /// context (a word-final `Σ` becomes `ς`); ASCII words, the common case,
+    /// take a byte-wise path.
     pub fn words_of(&mut self, text: &str, out: &mut Vec<u32>) {
         let mut buf = String::new();
-        for c in text.chars() {
-            if c.is_alphanumeric() {
-                if c.is_ascii() {
-                    buf.push(c.to_ascii_lowercase());
-                } else {
-                    buf.extend(c.to_lowercase());
+        let mut start = None;
+        for (at, c) in text.char_indices() {
+            match (c.is_alphanumeric(), start) {
+                (true, None) => start = Some(at),
+                (false, Some(from)) => {
+                    out.push(self.intern_lowercase(&text[from..at], &mut buf));
+                    start = None;
                 }
-            } else if !buf.is_empty() {
-                out.push(self.intern(&buf));
-                buf.clear();
+                _ => {}
             }
         }
-        if !buf.is_empty() {
-            out.push(self.intern(&buf));
+        if let Some(from) = start {
+            out.push(self.intern_lowercase(&text[from..], &mut buf));
         }
+    }
+
+    fn intern_lowercase(&mut self, word: &str, buf: &mut String) -> u32 {
+        if word.bytes().all(|b| !b.is_ascii_uppercase()) && word.is_ascii() {
+            return self.intern(word);
+        }
+        buf.clear();
+        if word.is_ascii() {
+            buf.extend(word.bytes().map(|b| b.to_ascii_lowercase() as char));
+        } else {
+            buf.push_str(&word.to_lowercase());
+        }
+        let id = self.intern(buf);
+        id
     }
 }
 
@@ -91,7 +108,8 @@ pub fn words(text: &str) -> Vec<String> {
 }
 
 /// Sorted, deduplicated ids: the word set of a message.
-pub fn word_set(mut ids: Vec<u32>) -> Vec<u32> {
+pub fn word_set(ids: &[u32]) -> Vec<u32> {
+    let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
     ids
@@ -112,6 +130,44 @@ pub fn intersection_len(a: &[u32], b: &[u32]) -> usize {
         }
     }
     n
+}
+
+/// The Jaccard similarity of two sorted id sets when it is at least
+/// `threshold`, else `None`. Gives up early, as soon as the overlap still
+/// reachable cannot make the threshold: `|a ∩ b| / |a ∪ b| >= t` needs
+/// `|a ∩ b| >= t / (1 + t) * (|a| + |b|)`. Most compared pairs are far from
+/// duplicates, so this reads a few elements instead of both sets.
+pub fn jaccard_at_least(a: &[u32], b: &[u32], threshold: f64) -> Option<f64> {
+    let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    // Jaccard <= |short| / |long|.
+    if (short.len() as f64) < threshold * long.len() as f64 {
+        return None;
+    }
+    // One less than the bound, so float error can only keep a pair longer.
+    let needed = (threshold / (1.0 + threshold) * (a.len() + b.len()) as f64).ceil() as usize;
+    let needed = needed.saturating_sub(1);
+    let (mut i, mut j, mut inter) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        if inter + (a.len() - i).min(b.len() - j) < needed {
+            return None;
+        }
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                inter += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    let union = a.len() + b.len() - inter;
+    let similarity = if union == 0 {
+        0.0
+    } else {
+        inter as f64 / union as f64
+    };
+    (similarity >= threshold).then_some(similarity)
 }
 
 /// Jaccard similarity of two sorted id sets; 0 when both are empty.
@@ -154,6 +210,34 @@ mod tests {
         assert_eq!(char_prefix("a🚚b", 2), "a🚚");
         assert_eq!(char_prefix("ab", 5), "ab");
         assert_eq!(char_prefix("ab", 0), "");
+    }
+
+    #[test]
+    fn words_lowercase_whole_words_with_final_sigma() {
+        assert_eq!(words("ΟΔΟΣ ΣΑ"), ["οδος", "σα"]);
+    }
+
+    #[test]
+    fn early_exit_jaccard_agrees_with_the_full_one() {
+        let sets: Vec<Vec<u32>> = vec![
+            vec![],
+            vec![1],
+            vec![1, 2],
+            vec![1, 2, 3],
+            vec![2, 3, 4, 5],
+            (0..20).collect(),
+            (1..21).collect(),
+            (0..19).collect(),
+        ];
+        for a in &sets {
+            for b in &sets {
+                for t in [0.5, 0.6, 2.0 / 3.0, 0.75, 0.9, 0.95, 1.0] {
+                    let full = jaccard(a, b);
+                    let expected = (full >= t).then_some(full);
+                    assert_eq!(jaccard_at_least(a, b, t), expected, "{a:?} {b:?} {t}");
+                }
+            }
+        }
     }
 
     #[test]
