@@ -17,7 +17,11 @@ use crate::policy::Runtime;
 use crate::proxy::{self, AppState};
 
 #[derive(Debug, Parser)]
-#[command(name = "compaction-proxy", version, about = "Compacts chat histories on their way to an OpenAI-compatible API")]
+#[command(
+    name = "compaction-proxy",
+    version,
+    about = "Compacts chat histories on their way to an OpenAI-compatible API"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -68,7 +72,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn load(file: Option<&PathBuf>, overrides: &Overrides) -> Result<Runtime, ConfigErrors> {
-    Runtime::new(config::load(file.map(PathBuf::as_path), std::env::vars(), overrides)?)
+    Runtime::new(config::load(
+        file.map(PathBuf::as_path),
+        std::env::vars(),
+        overrides,
+    )?)
 }
 
 fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
@@ -104,14 +112,18 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
         // The memory-compact API's request: print exactly what the API answers.
         return match memory_compact::validate(&value) {
             Ok(request) => {
+                // Byte for byte what the API answers (no trailing newline).
                 serde_json::to_writer(&mut stdout, &request.compact())?;
-                writeln!(stdout)?;
                 Ok(ExitCode::SUCCESS)
             }
             Err(invalid) => {
                 eprintln!("error: the memory-compact request is invalid:");
                 for v in &invalid.0 {
-                    eprintln!("  {}: {}", if v.path.is_empty() { "/" } else { &v.path }, v.message);
+                    eprintln!(
+                        "  {}: {}",
+                        if v.path.is_empty() { "/" } else { &v.path },
+                        v.message
+                    );
                 }
                 Ok(ExitCode::FAILURE)
             }
@@ -172,7 +184,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     init_logging(runtime.config.server.log_format);
-    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     tokio.block_on(async move {
         let listener = tokio::net::TcpListener::bind(runtime.listen).await?;
         let grace = Duration::from_secs_f64(runtime.config.server.shutdown_grace_secs);
@@ -187,7 +201,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -203,25 +219,54 @@ async fn shutdown_signal() {
     }
 }
 
-/// Reloads the configuration on SIGHUP. A bad file is refused with its
-/// problems logged, and the configuration in force stays.
+/// How often the config file is checked for changes.
+const CONFIG_POLL: Duration = Duration::from_secs(1);
+
+/// Reloads the configuration on SIGHUP and when the config file changes
+/// (polled: cheap, and it sees Kubernetes' ConfigMap symlink swaps). A bad
+/// file is refused with its problems logged; the configuration in force stays.
 async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Overrides) {
     use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP; reload disabled");
-        return;
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(hup) => Some(hup),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; reload on file change only");
+            None
+        }
     };
-    while hup.recv().await.is_some() {
+    let fingerprint = |path: &PathBuf| {
+        std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut seen = args.config.as_ref().map(fingerprint);
+    let mut poll = tokio::time::interval(CONFIG_POLL);
+    loop {
+        let reason = tokio::select! {
+            Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
+            _ = poll.tick() => {
+                let now = args.config.as_ref().map(fingerprint);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                "config file changed"
+            }
+        };
         match load(args.config.as_ref(), &overrides) {
             Ok(runtime) => {
                 if runtime.listen != state.runtime().listen {
                     tracing::warn!("server.listen changed; it takes effect on restart only");
                 }
-                tracing::info!(policies = runtime.config.policies.len(), "configuration reloaded");
+                tracing::info!(
+                    reason,
+                    policies = runtime.config.policies.len(),
+                    "configuration reloaded"
+                );
                 state.reload(runtime);
             }
             Err(errors) => {
-                tracing::error!(problems = %errors, "configuration reload refused; the previous configuration stays in force");
+                tracing::error!(reason, problems = %errors, "configuration reload refused; the previous configuration stays in force");
             }
         }
     }

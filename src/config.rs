@@ -150,6 +150,23 @@ fn default_max_message_chars() -> usize {
 }
 
 impl PolicyConfig {
+    /// Stands in for a policy whose section could not be read, so the rest
+    /// of the configuration can still be checked.
+    fn placeholder() -> Self {
+        PolicyConfig {
+            budget_chars: 1,
+            keep_last_n: default_keep_last_n(),
+            keep_roles: default_keep_roles(),
+            duplicate_threshold: default_duplicate_threshold(),
+            max_message_chars: default_max_message_chars(),
+            mode: Mode::Exact,
+            pin_first_user: false,
+            pin_patterns: Vec::new(),
+            allow_bypass: false,
+            dry_run: false,
+        }
+    }
+
     pub fn engine_policy(&self) -> Policy {
         Policy {
             budget_chars: self.budget_chars,
@@ -340,9 +357,11 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
         None => {}
         Some(Value::Object(policies)) => {
             for (name, v) in policies {
-                if let Some(p) = section(v, &format!("policies.{name}"), &mut problems) {
-                    config.policies.insert(name.clone(), p);
-                }
+                // A policy that fails to read still exists by name, so routes
+                // using it are not also reported as pointing nowhere.
+                let policy = section(v, &format!("policies.{name}"), &mut problems)
+                    .unwrap_or_else(PolicyConfig::placeholder);
+                config.policies.insert(name.clone(), policy);
             }
         }
         Some(_) => problems.push(ConfigProblem {
@@ -367,6 +386,11 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
     if problems.is_empty() {
         Ok(config)
     } else {
+        // Report the semantic problems too (policy references, regexes,
+        // bounds): check-config lists everything at once.
+        if let Err(semantic) = crate::policy::Runtime::new(config) {
+            problems.extend(semantic.0);
+        }
         Err(ConfigErrors(problems))
     }
 }
@@ -497,6 +521,26 @@ mod tests {
                 "policies.a.budget_chars",
                 "policies.b.keep_roles[0]",
                 "routes[0].weight"
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn syntax_and_semantic_problems_are_reported_together() {
+        let err = load_str(
+            "colour = 1\n[policies.a]\nbudget_chars = \"lots\"\n[policies.b]\nbudget_chars = 5\npin_patterns = [\"(\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\n[[routes]]\npath = \"/y\"\npolicy = \"ghost\"",
+            &[],
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "colour",
+                "policies.a.budget_chars",
+                "policies.b.pin_patterns",
+                "routes[1].policy"
             ],
             "{err}"
         );
