@@ -6,7 +6,8 @@
 //! `other`, `status` one of [`Status`], `code` an HTTP status code.
 
 use prometheus::{
-    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Route label of requests no route matched.
@@ -120,14 +121,22 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(format!("compaction_proxy_{name}"), help), labels).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            let c = IntCounterVec::new(Opts::new(format!("compaction_proxy_{name}"), help), labels)
+                .expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
         let histogram = |name: &str, help: &str, labels: &[&str], buckets: Vec<f64>| {
-            let h = HistogramVec::new(HistogramOpts::new(format!("compaction_proxy_{name}"), help).buckets(buckets), labels)
-                .expect("valid metric");
-            registry.register(Box::new(h.clone())).expect("unique metric");
+            let h = HistogramVec::new(
+                HistogramOpts::new(format!("compaction_proxy_{name}"), help).buckets(buckets),
+                labels,
+            )
+            .expect("valid metric");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric");
             h
         };
         Metrics {
@@ -137,9 +146,21 @@ impl Metrics {
                 &["route", "policy", "tenant", "status"],
             ),
             input_chars: counter("input_chars_total", "Message chars received.", LOSS_LABELS),
-            output_chars: counter("output_chars_total", "Message chars forwarded.", LOSS_LABELS),
-            dropped_messages: counter("dropped_messages_total", "Messages removed (dedupe and drop).", LOSS_LABELS),
-            trimmed_messages: counter("trimmed_messages_total", "Forwarded messages that were trimmed.", LOSS_LABELS),
+            output_chars: counter(
+                "output_chars_total",
+                "Message chars forwarded.",
+                LOSS_LABELS,
+            ),
+            dropped_messages: counter(
+                "dropped_messages_total",
+                "Messages removed (dedupe and drop).",
+                LOSS_LABELS,
+            ),
+            trimmed_messages: counter(
+                "trimmed_messages_total",
+                "Forwarded messages that were trimmed.",
+                LOSS_LABELS,
+            ),
             budget_missed: counter(
                 "budget_missed_total",
                 "Requests still over budget after compaction (protected messages exceed it).",
@@ -149,7 +170,9 @@ impl Metrics {
                 "retained_ratio",
                 "Share of message chars forwarded, per compacted request.",
                 LOSS_LABELS,
-                vec![0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0],
+                vec![
+                    0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0,
+                ],
             ),
             compaction_duration: histogram(
                 "compaction_duration_seconds",
@@ -161,14 +184,21 @@ impl Metrics {
                 "upstream_duration_seconds",
                 "Time from forwarding to the end of the upstream response body (streams included).",
                 &["route"],
-                vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0],
+                vec![
+                    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+                    300.0, 600.0,
+                ],
             ),
             upstream_responses: counter(
                 "upstream_responses_total",
                 "Upstream responses by HTTP status code.",
                 &["route", "code"],
             ),
-            cache_hits: counter("cache_hits_total", "Compactions answered from the cache.", &["policy"]),
+            cache_hits: counter(
+                "cache_hits_total",
+                "Compactions answered from the cache.",
+                &["policy"],
+            ),
             cache_misses: counter("cache_misses_total", "Compactions computed.", &["policy"]),
             registry,
         }
@@ -184,8 +214,15 @@ impl Metrics {
     }
 
     pub fn cache_lookup(&self, policy: &str, hit: bool) {
-        let family = if hit { &self.cache_hits } else { &self.cache_misses };
-        family.with_label_values(&[policy]).inc();
+        // Both series of the policy exist from its first lookup, so a hit
+        // ratio reads 0 rather than "no data" before the first hit.
+        let hits = self.cache_hits.with_label_values(&[policy]);
+        let misses = self.cache_misses.with_label_values(&[policy]);
+        if hit {
+            hits.inc()
+        } else {
+            misses.inc()
+        }
     }
 }
 
@@ -221,17 +258,38 @@ impl RequestEvent {
         }
         if let Some(loss) = &self.loss {
             let labels = [self.route.as_str(), policy, self.tenant.as_str()];
-            metrics.input_chars.with_label_values(&labels).inc_by(loss.input_chars as u64);
-            metrics.output_chars.with_label_values(&labels).inc_by(loss.output_chars as u64);
-            metrics.dropped_messages.with_label_values(&labels).inc_by(loss.dropped_messages as u64);
-            metrics.trimmed_messages.with_label_values(&labels).inc_by(loss.trimmed_messages as u64);
+            metrics
+                .input_chars
+                .with_label_values(&labels)
+                .inc_by(loss.input_chars as u64);
+            metrics
+                .output_chars
+                .with_label_values(&labels)
+                .inc_by(loss.output_chars as u64);
+            metrics
+                .dropped_messages
+                .with_label_values(&labels)
+                .inc_by(loss.dropped_messages as u64);
+            metrics
+                .trimmed_messages
+                .with_label_values(&labels)
+                .inc_by(loss.trimmed_messages as u64);
+            // Created at 0 on the first request of a label set, so the series
+            // exists (and rates read 0, not "no data") before any miss.
+            let missed = metrics.budget_missed.with_label_values(&labels);
             if !loss.budget_met {
-                metrics.budget_missed.with_label_values(&labels).inc();
+                missed.inc();
             }
-            metrics.retained_ratio.with_label_values(&labels).observe(loss.retained_ratio);
+            metrics
+                .retained_ratio
+                .with_label_values(&labels)
+                .observe(loss.retained_ratio);
         }
         if let Some(seconds) = self.compaction_seconds {
-            metrics.compaction_duration.with_label_values(&[&self.route, policy]).observe(seconds);
+            metrics
+                .compaction_duration
+                .with_label_values(&[&self.route, policy])
+                .observe(seconds);
         }
         if let Some(code) = self.upstream_status {
             metrics
@@ -240,14 +298,19 @@ impl RequestEvent {
                 .inc();
         }
         if let Some(seconds) = self.upstream_seconds {
-            metrics.upstream_duration.with_label_values(&[&self.route]).observe(seconds);
+            metrics
+                .upstream_duration
+                .with_label_values(&[&self.route])
+                .observe(seconds);
         }
         self.log();
     }
 
     fn log(&self) {
         let status = self.status.map(Status::header);
-        let (chars_in, chars_out) = self.loss.map_or((None, None), |l| (Some(l.input_chars), Some(l.output_chars)));
+        let (chars_in, chars_out) = self.loss.map_or((None, None), |l| {
+            (Some(l.input_chars), Some(l.output_chars))
+        });
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
@@ -317,7 +380,12 @@ mod tests {
         };
         event.emit(&m);
         m.cache_lookup("p", false);
-        let mut names: Vec<String> = m.registry.gather().iter().map(|f| f.get_name().to_owned()).collect();
+        let mut names: Vec<String> = m
+            .registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
         names.sort();
         let mut expected: Vec<String> = FAMILIES.iter().map(|s| s.to_string()).collect();
         expected.sort();

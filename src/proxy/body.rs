@@ -19,7 +19,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
-    http_body_util::Full::new(bytes.into()).map_err(|e| match e {}).boxed_unsync()
+    http_body_util::Full::new(bytes.into())
+        .map_err(|e| match e {})
+        .boxed_unsync()
 }
 
 /// Reads a whole request body of at most `limit` bytes.
@@ -30,7 +32,9 @@ where
 {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
         Err(e) => Err(ProxyError::ClientBody(e.to_string())),
     }
 }
@@ -66,7 +70,11 @@ pub fn decode(body: &[u8], coding: Coding, limit: usize) -> Result<Bytes, ProxyE
         // HTTP's "deflate" is zlib-wrapped (RFC 9110 8.4.1.2).
         Coding::Deflate => Box::new(flate2::read::ZlibDecoder::new(body)),
     };
-    let encoding = if coding == Coding::Gzip { "gzip" } else { "deflate" };
+    let encoding = if coding == Coding::Gzip {
+        "gzip"
+    } else {
+        "deflate"
+    };
     let mut out = Vec::with_capacity(body.len() * 4);
     reader
         .take(limit as u64 + 1)
@@ -98,14 +106,14 @@ pub struct IdleTimeout(Duration);
 /// Passes a response body through frame by frame, cutting it off after
 /// `idle` without a frame, and calling `on_end` exactly once with how it
 /// ended (when the body finishes, fails, or is dropped by a departing client).
-pub struct Watched<B, F: FnOnce(BodyEnd)> {
+pub struct Watched<B: Body, F: FnOnce(BodyEnd)> {
     inner: Pin<Box<B>>,
     idle: Duration,
     timer: Pin<Box<Sleep>>,
     on_end: Option<F>,
 }
 
-impl<B, F: FnOnce(BodyEnd)> Watched<B, F> {
+impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
     pub fn new(inner: B, idle: Duration, on_end: F) -> Self {
         Watched {
             inner: Box::pin(inner),
@@ -131,12 +139,20 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let deadline = Instant::now() + this.idle;
                 this.timer.as_mut().reset(deadline);
+                // hyper stops polling a body of known length after its last
+                // frame, so its end is seen here rather than as `None`.
+                if this.inner.is_end_stream() {
+                    this.finish(BodyEnd::Complete);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -168,9 +184,14 @@ where
     }
 }
 
-impl<B, F: FnOnce(BodyEnd)> Drop for Watched<B, F> {
+impl<B: Body, F: FnOnce(BodyEnd)> Drop for Watched<B, F> {
     fn drop(&mut self) {
-        self.finish(BodyEnd::Abandoned);
+        let end = if self.on_end.is_some() && self.inner.is_end_stream() {
+            BodyEnd::Complete // e.g. empty from the start, never polled
+        } else {
+            BodyEnd::Abandoned
+        };
+        self.finish(end);
     }
 }
 
@@ -193,14 +214,20 @@ mod tests {
         assert_eq!(decode(&gzip(b"hello"), Coding::Gzip, 100).unwrap(), "hello");
         let mut z = ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
         z.write_all(b"hi").unwrap();
-        assert_eq!(decode(&z.finish().unwrap(), Coding::Deflate, 100).unwrap(), "hi");
+        assert_eq!(
+            decode(&z.finish().unwrap(), Coding::Deflate, 100).unwrap(),
+            "hi"
+        );
     }
 
     #[test]
     fn the_limit_applies_to_decoded_bytes() {
         let bomb = gzip(&vec![b'a'; 10_000]);
         assert!(bomb.len() < 200);
-        assert!(matches!(decode(&bomb, Coding::Gzip, 9_999), Err(ProxyError::BodyTooLarge { limit: 9_999 })));
+        assert!(matches!(
+            decode(&bomb, Coding::Gzip, 9_999),
+            Err(ProxyError::BodyTooLarge { limit: 9_999 })
+        ));
         assert_eq!(decode(&bomb, Coding::Gzip, 10_000).unwrap().len(), 10_000);
     }
 
