@@ -18,7 +18,10 @@ pub const METRICS: &str = "/metrics";
 pub const MEMORY_COMPACT: &str = "/v1/memory-compact";
 
 /// Answers admin paths; `None` for everything else (to be proxied).
-pub async fn handle(state: &Arc<AppState>, request: &Request<Incoming>) -> Option<Response<ProxyBody>> {
+pub async fn handle(
+    state: &Arc<AppState>,
+    request: &Request<Incoming>,
+) -> Option<Response<ProxyBody>> {
     let path = request.uri().path();
     let response = match path {
         HEALTHZ => text(StatusCode::OK, "ok\n"),
@@ -39,12 +42,17 @@ pub async fn handle(state: &Arc<AppState>, request: &Request<Incoming>) -> Optio
 }
 
 /// `POST /v1/memory-compact`: validates, compacts, answers the report.
-pub async fn memory_compact(state: &Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
+pub async fn memory_compact(
+    state: &Arc<AppState>,
+    request: Request<Incoming>,
+) -> Response<ProxyBody> {
     match compact_report(state, request).await {
         Ok(report) => {
             let mut r = Response::new(body::full(report));
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             r
         }
         Err(e) => {
@@ -57,7 +65,10 @@ pub async fn memory_compact(state: &Arc<AppState>, request: Request<Incoming>) -
     }
 }
 
-async fn compact_report(state: &Arc<AppState>, request: Request<Incoming>) -> Result<Bytes, ProxyError> {
+async fn compact_report(
+    state: &Arc<AppState>,
+    request: Request<Incoming>,
+) -> Result<Bytes, ProxyError> {
     if request.method() != Method::POST {
         return Err(ProxyError::MethodNotAllowed(request.method().clone()));
     }
@@ -74,13 +85,17 @@ async fn compact_report(state: &Arc<AppState>, request: Request<Incoming>) -> Re
     let bytes = body::collect_limited(request.into_body(), limit).await?;
     let parsed = memory_compact::parse(&bytes)?;
     let report = parsed.compact();
-    Ok(serde_json::to_vec(&report).expect("reports serialise").into())
+    Ok(serde_json::to_vec(&report)
+        .expect("reports serialise")
+        .into())
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
     let mut r = Response::new(body::full(body));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }

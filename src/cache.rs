@@ -60,7 +60,10 @@ impl CompactionCache {
 
     pub fn insert(&self, policy: &str, input: Bytes, outcome: Arc<Outcome>) {
         if let Some(entries) = &self.entries {
-            entries.insert(Self::key(policy, &input), Arc::new(Entry { input, outcome }));
+            entries.insert(
+                Self::key(policy, &input),
+                Arc::new(Entry { input, outcome }),
+            );
         }
     }
 

@@ -15,7 +15,10 @@ pub enum ProxyError {
     #[error("request body could not be read: {0}")]
     ClientBody(String),
     #[error("request body could not be decoded as {encoding}: {reason}")]
-    BadEncoding { encoding: &'static str, reason: String },
+    BadEncoding {
+        encoding: &'static str,
+        reason: String,
+    },
     #[error("method {0} is not allowed here")]
     MethodNotAllowed(http::Method),
     #[error("content type must be application/json")]
@@ -34,9 +37,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::ClientBody(_) | ProxyError::BadEncoding { .. } | ProxyError::InvalidRequest(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::ClientBody(_)
+            | ProxyError::BadEncoding { .. }
+            | ProxyError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
@@ -85,11 +88,14 @@ impl ProxyError {
         let body = serde_json::to_vec(&json!({ "error": error })).expect("json serialises");
         let mut response = Response::new(Bytes::from(body));
         *response.status_mut() = self.status();
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if let ProxyError::MethodNotAllowed(_) = self {
-            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
         }
         response
     }
@@ -119,7 +125,13 @@ mod tests {
     #[test]
     fn client_mistakes_are_4xx_and_upstream_failures_5xx() {
         assert!(ProxyError::BodyTooLarge { limit: 1 }.is_client_error());
-        assert_eq!(ProxyError::UpstreamUnreachable(String::new()).status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(ProxyError::UpstreamTimeout(1.0).status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(
+            ProxyError::UpstreamUnreachable(String::new()).status(),
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(
+            ProxyError::UpstreamTimeout(1.0).status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
     }
 }

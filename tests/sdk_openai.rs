@@ -44,24 +44,39 @@ async fn drive(program: &'static str, script: String) {
         "SDK script failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let seen: serde_json::Value = serde_json::from_slice(&output.stdout).expect("script prints JSON");
+    let seen: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("script prints JSON");
 
     let forwarded = upstream.received();
     assert_eq!(forwarded.len(), 2, "one plain and one streaming request");
     let kept = forwarded[0].json()["messages"].as_array().unwrap().len();
-    assert!(kept < seen["sent_messages"].as_u64().unwrap() as usize, "the history was compacted");
-    assert_eq!(forwarded[0].headers["authorization"], "Bearer sk-sdk-test-key");
+    assert!(
+        kept < seen["sent_messages"].as_u64().unwrap() as usize,
+        "the history was compacted"
+    );
+    assert_eq!(
+        forwarded[0].headers["authorization"],
+        "Bearer sk-sdk-test-key"
+    );
     assert_eq!(seen["status_header"], "compacted");
     assert_eq!(seen["output_messages_header"], kept.to_string());
     let expected = format!("received {kept} messages");
     assert_eq!(seen["text"], expected.as_str());
-    assert_eq!(seen["streamed_text"], expected.as_str(), "the stream arrived whole through the proxy");
+    assert_eq!(
+        seen["streamed_text"],
+        expected.as_str(),
+        "the stream arrived whole through the proxy"
+    );
     assert_eq!(forwarded[1].json()["stream"], true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_works_unchanged_streaming_included() {
-    if sdk_available("the openai Python package", "python3", &["-c", "import openai"]) {
+    if sdk_available(
+        "the openai Python package",
+        "python3",
+        &["-c", "import openai"],
+    ) {
         drive("python3", format!("{DIR}/openai_python.py")).await;
     }
 }
@@ -69,7 +84,11 @@ async fn python_sdk_works_unchanged_streaming_included() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_sdk_works_unchanged_streaming_included() {
     let probe = format!("{DIR}/node/node_modules/openai/package.json");
-    if sdk_available("the openai Node package in tests/sdk/node", "node", &["-e", &format!("require('{probe}')")]) {
+    if sdk_available(
+        "the openai Node package in tests/sdk/node",
+        "node",
+        &["-e", &format!("require('{probe}')")],
+    ) {
         drive("node", format!("{DIR}/node/openai_node.mjs")).await;
     }
 }

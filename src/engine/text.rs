@@ -92,8 +92,7 @@ impl Vocabulary {
         } else {
             buf.push_str(&word.to_lowercase());
         }
-        let id = self.intern(buf);
-        id
+        self.intern(buf)
     }
 }
 

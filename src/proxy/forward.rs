@@ -37,7 +37,11 @@ impl Upstream {
     /// Sends `request`; 502 when the upstream cannot be reached or fails
     /// before answering, 504 when its headers take longer than `header_timeout`.
     /// Dropping the returned future (a client that left) cancels the request.
-    pub async fn send(&self, request: Request<ProxyBody>, header_timeout: Duration) -> Result<Response<Incoming>, ProxyError> {
+    pub async fn send(
+        &self,
+        request: Request<ProxyBody>,
+        header_timeout: Duration,
+    ) -> Result<Response<Incoming>, ProxyError> {
         match tokio::time::timeout(header_timeout, self.client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(describe(&e))),
@@ -64,7 +68,11 @@ pub fn target(base: &Uri, path_and_query: &str) -> Uri {
     let prefix = base.path().trim_end_matches('/');
     let mut parts = base.clone().into_parts();
     let joined = format!("{prefix}{path_and_query}");
-    parts.path_and_query = Some(joined.parse().unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")));
+    parts.path_and_query = Some(
+        joined
+            .parse()
+            .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
+    );
     Uri::from_parts(parts).unwrap_or_else(|_| base.clone())
 }
 
@@ -75,8 +83,14 @@ mod tests {
     #[test]
     fn joins_base_prefix_with_path_and_query() {
         let base: Uri = "http://127.0.0.1:9/".parse().unwrap();
-        assert_eq!(target(&base, "/v1/chat/completions?x=1").to_string(), "http://127.0.0.1:9/v1/chat/completions?x=1");
+        assert_eq!(
+            target(&base, "/v1/chat/completions?x=1").to_string(),
+            "http://127.0.0.1:9/v1/chat/completions?x=1"
+        );
         let base: Uri = "https://gw.example/openai/".parse().unwrap();
-        assert_eq!(target(&base, "/v1/models").to_string(), "https://gw.example/openai/v1/models");
+        assert_eq!(
+            target(&base, "/v1/models").to_string(),
+            "https://gw.example/openai/v1/models"
+        );
     }
 }

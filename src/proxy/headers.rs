@@ -37,7 +37,12 @@ pub const POLICY: &str = "x-compaction-policy";
 pub const BYPASS: &str = "x-compaction-bypass";
 
 /// Writes the loss report headers of INTERFACE.md.
-pub fn write_loss_report(headers: &mut HeaderMap, status: Status, policy: &str, loss: Option<&LossSummary>) {
+pub fn write_loss_report(
+    headers: &mut HeaderMap,
+    status: Status,
+    policy: &str,
+    loss: Option<&LossSummary>,
+) {
     let mut set = |name: &'static str, value: String| {
         if let Ok(v) = HeaderValue::try_from(value) {
             headers.insert(HeaderName::from_static(name), v);
@@ -48,11 +53,26 @@ pub fn write_loss_report(headers: &mut HeaderMap, status: Status, policy: &str, 
     if let Some(loss) = loss {
         set("x-compaction-input-chars", loss.input_chars.to_string());
         set("x-compaction-output-chars", loss.output_chars.to_string());
-        set("x-compaction-input-messages", loss.input_messages.to_string());
-        set("x-compaction-output-messages", loss.output_messages.to_string());
-        set("x-compaction-dropped-messages", loss.dropped_messages.to_string());
-        set("x-compaction-trimmed-messages", loss.trimmed_messages.to_string());
-        set("x-compaction-retained-ratio", loss.retained_ratio.to_string());
+        set(
+            "x-compaction-input-messages",
+            loss.input_messages.to_string(),
+        );
+        set(
+            "x-compaction-output-messages",
+            loss.output_messages.to_string(),
+        );
+        set(
+            "x-compaction-dropped-messages",
+            loss.dropped_messages.to_string(),
+        );
+        set(
+            "x-compaction-trimmed-messages",
+            loss.trimmed_messages.to_string(),
+        );
+        set(
+            "x-compaction-retained-ratio",
+            loss.retained_ratio.to_string(),
+        );
         set("x-compaction-budget-met", loss.budget_met.to_string());
     }
 }
@@ -78,13 +98,19 @@ mod tests {
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
-        assert!(h.contains_key(header::AUTHORIZATION), "end-to-end headers stay");
+        assert!(
+            h.contains_key(header::AUTHORIZATION),
+            "end-to-end headers stay"
+        );
     }
 
     #[test]
     fn removes_headers_named_in_connection() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("close, X-Internal-Hop"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, X-Internal-Hop"),
+        );
         h.insert("x-internal-hop", HeaderValue::from_static("1"));
         h.insert("x-other", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut h);

@@ -65,7 +65,10 @@ impl AppState {
     }
 
     pub fn runtime(&self) -> Arc<Runtime> {
-        self.runtime.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.runtime
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Puts a new configuration in force for the requests that start after.
@@ -123,12 +126,29 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     if parts.method != Method::POST {
         let body = body.map_err(Into::into).boxed_unsync();
         let report = Some((Status::Skipped("not-post"), None));
-        return forward(&state, &runtime, parts, body, report.map(|r| (resolution, r)), event, started).await;
+        return forward(
+            &state,
+            &runtime,
+            parts,
+            body,
+            report.map(|r| (resolution, r)),
+            event,
+            started,
+        )
+        .await;
     }
     if policy.allow_bypass && headers::wants_bypass(&parts.headers) {
         let body = body.map_err(Into::into).boxed_unsync();
-        return forward(&state, &runtime, parts, body, Some((resolution, (Status::Bypassed, None))), event, started)
-            .await;
+        return forward(
+            &state,
+            &runtime,
+            parts,
+            body,
+            Some((resolution, (Status::Bypassed, None))),
+            event,
+            started,
+        )
+        .await;
     }
 
     let limit = runtime.config.server.max_body_bytes;
@@ -159,14 +179,25 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         Some(rewritten) => {
             // The rewritten body is plain JSON whatever the client sent.
             parts.headers.remove(header::CONTENT_ENCODING);
-            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
             rewritten
         }
         None => raw,
     };
     let loss = outcome.map(|o| o.loss);
     event.loss = loss;
-    forward(&state, &runtime, parts, body::full(body), Some((resolution, (status, loss))), event, started).await
+    forward(
+        &state,
+        &runtime,
+        parts,
+        body::full(body),
+        Some((resolution, (status, loss))),
+        event,
+        started,
+    )
+    .await
 }
 
 /// Step 5: decides what to forward. Returns the status and, when the engine
@@ -199,7 +230,9 @@ fn compact(
                 rewritten: rewritten.map(Bytes::from),
             });
             state.metrics.cache_lookup(&policy.name, false);
-            state.cache.insert(&policy.name, decoded.clone(), outcome.clone());
+            state
+                .cache
+                .insert(&policy.name, decoded.clone(), outcome.clone());
             outcome
         }
     };
@@ -229,16 +262,25 @@ async fn forward(
     if let Some((_, (status, _))) = &report {
         event.status = Some(*status);
     }
-    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
     parts.uri = forward::target(&runtime.upstream, &path_and_query);
     parts.version = http::Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
 
-    let header_timeout = Duration::from_secs_f64(runtime.config.upstream.response_header_timeout_secs);
+    let header_timeout =
+        Duration::from_secs_f64(runtime.config.upstream.response_header_timeout_secs);
     let idle = Duration::from_secs_f64(runtime.config.upstream.idle_timeout_secs);
     let sent = Instant::now();
-    let response = match state.upstream.send(Request::from_parts(parts, body), header_timeout).await {
+    let response = match state
+        .upstream
+        .send(Request::from_parts(parts, body), header_timeout)
+        .await
+    {
         Ok(response) => response,
         Err(e) => {
             event.status = event.status.map(|_| Status::Error);
@@ -249,7 +291,12 @@ async fn forward(
     let (mut parts, upstream_body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
     if let Some((resolution, (status, loss))) = &report {
-        headers::write_loss_report(&mut parts.headers, *status, &resolution.policy.name, loss.as_ref());
+        headers::write_loss_report(
+            &mut parts.headers,
+            *status,
+            &resolution.policy.name,
+            loss.as_ref(),
+        );
     }
     event.upstream_status = Some(parts.status.as_u16());
     event.response_status = parts.status.as_u16();
@@ -279,7 +326,12 @@ fn local_error(
     let (mut parts, body) = error.to_response().into_parts();
     if let Some(resolution) = resolution {
         event.status = Some(Status::Error);
-        headers::write_loss_report(&mut parts.headers, Status::Error, &resolution.policy.name, None);
+        headers::write_loss_report(
+            &mut parts.headers,
+            Status::Error,
+            &resolution.policy.name,
+            None,
+        );
     }
     event.response_status = parts.status.as_u16();
     event.total_seconds = started.elapsed().as_secs_f64();

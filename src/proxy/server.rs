@@ -15,7 +15,12 @@ use tokio::net::TcpListener;
 use super::AppState;
 
 /// Serves until `shutdown` completes, then drains for up to `grace`.
-pub async fn serve(listener: TcpListener, state: Arc<AppState>, shutdown: impl Future<Output = ()>, grace: Duration) {
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -50,8 +55,14 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, shutdown: impl F
     }
     drop(listener);
     state.begin_shutdown();
-    tracing::info!(grace_secs = grace.as_secs_f64(), "shutting down: draining in-flight requests");
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    tracing::info!(
+        grace_secs = grace.as_secs_f64(),
+        "shutting down: draining in-flight requests"
+    );
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("grace period over; closing the remaining connections");
     }
 }

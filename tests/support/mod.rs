@@ -54,6 +54,8 @@ pub enum Behavior {
     /// when the request has `"stream": true`. The reply text reports how
     /// many messages arrived (`"received N messages"`).
     OpenAiChat,
+    /// A JSON body with this status and these extra response headers.
+    JsonWithHeaders(u16, Vec<(String, String)>, serde_json::Value),
 }
 
 #[derive(Default)]
@@ -116,7 +118,9 @@ impl MockUpstream {
         let server = mock.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let server = server.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
@@ -152,9 +156,16 @@ impl MockUpstream {
         self.shared.lock().unwrap().cancelled
     }
 
-    async fn answer(&self, req: Request<Incoming>) -> Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
+    async fn answer(
+        &self,
+        req: Request<Incoming>,
+    ) -> Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
         let (parts, body) = req.into_parts();
-        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let body = body
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
         let behavior = {
             let mut shared = self.shared.lock().unwrap();
             shared.received.push(Received {
@@ -170,11 +181,31 @@ impl MockUpstream {
             Behavior::Json(status, value) => Response::builder()
                 .status(status)
                 .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(value.to_string())).map_err(|e| match e {}).boxed())
+                .body(
+                    Full::new(Bytes::from(value.to_string()))
+                        .map_err(|e| match e {})
+                        .boxed(),
+                )
                 .unwrap(),
+            Behavior::JsonWithHeaders(status, headers, value) => {
+                let mut builder = Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json");
+                for (name, value) in headers {
+                    builder = builder.header(name, value);
+                }
+                builder
+                    .body(
+                        Full::new(Bytes::from(value.to_string()))
+                            .map_err(|e| match e {})
+                            .boxed(),
+                    )
+                    .unwrap()
+            }
             Behavior::Sse { chunks, gap } => self.sse(chunks, gap, false),
             Behavior::OpenAiChat => {
-                let request: serde_json::Value = serde_json::from_slice(&self.last().body).unwrap_or_default();
+                let request: serde_json::Value =
+                    serde_json::from_slice(&self.last().body).unwrap_or_default();
                 let n = request["messages"].as_array().map_or(0, Vec::len);
                 let text = format!("received {n} messages");
                 if request["stream"] == serde_json::Value::Bool(true) {
@@ -185,9 +216,15 @@ impl MockUpstream {
                         });
                         format!("data: {event}\n\n")
                     };
-                    let mut chunks = vec![chunk(serde_json::json!({"role": "assistant", "content": ""}), serde_json::Value::Null)];
+                    let mut chunks = vec![chunk(
+                        serde_json::json!({"role": "assistant", "content": ""}),
+                        serde_json::Value::Null,
+                    )];
                     for word in text.split_inclusive(' ') {
-                        chunks.push(chunk(serde_json::json!({"content": word}), serde_json::Value::Null));
+                        chunks.push(chunk(
+                            serde_json::json!({"content": word}),
+                            serde_json::Value::Null,
+                        ));
                     }
                     chunks.push(chunk(serde_json::json!({}), serde_json::json!("stop")));
                     chunks.push("data: [DONE]\n\n".to_owned());
@@ -200,7 +237,11 @@ impl MockUpstream {
                     });
                     Response::builder()
                         .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(completion.to_string())).map_err(|e| match e {}).boxed())
+                        .body(
+                            Full::new(Bytes::from(completion.to_string()))
+                                .map_err(|e| match e {})
+                                .boxed(),
+                        )
                         .unwrap()
                 }
             }
@@ -234,7 +275,12 @@ impl MockUpstream {
         }
     }
 
-    fn sse(&self, chunks: Vec<String>, gap: Duration, reset: bool) -> Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
+    fn sse(
+        &self,
+        chunks: Vec<String>,
+        gap: Duration,
+        reset: bool,
+    ) -> Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         tokio::spawn(async move {
             for chunk in chunks {
@@ -245,7 +291,10 @@ impl MockUpstream {
             }
             if reset {
                 let _ = tx
-                    .send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "mock reset")))
+                    .send(Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "mock reset",
+                    )))
                     .await;
             }
         });
@@ -328,14 +377,21 @@ pub fn runtime(toml: &str, upstream: &str) -> Runtime {
 pub fn temp_file(name: &str, contents: &[u8]) -> std::path::PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!("compaction-proxy-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let dir = std::env::temp_dir().join(format!(
+        "compaction-proxy-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, contents).unwrap();
     path
 }
 
-pub type Client = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
 
 pub fn client() -> Client {
     hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
@@ -380,13 +436,19 @@ pub fn post_json(url: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
 
 /// Reads a fixture body from `tests/data/fixtures`.
 pub fn fixture(name: &str) -> Bytes {
-    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fixtures").join(name))
-        .unwrap()
-        .into()
+    std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/fixtures")
+            .join(name),
+    )
+    .unwrap()
+    .into()
 }
 
 /// Reads frames from a streaming response, returning each with its arrival time.
-pub async fn frames_with_times(response: Response<Incoming>) -> (Vec<(Instant, Bytes)>, Result<(), String>) {
+pub async fn frames_with_times(
+    response: Response<Incoming>,
+) -> (Vec<(Instant, Bytes)>, Result<(), String>) {
     let mut body = response.into_body();
     let mut frames = Vec::new();
     loop {
@@ -400,4 +462,73 @@ pub async fn frames_with_times(response: Response<Incoming>) -> (Vec<(Instant, B
             Some(Err(e)) => return (frames, Err(e.to_string())),
         }
     }
+}
+
+/// A client that speaks HTTP/2 with prior knowledge (h2c) only.
+pub fn h2_client() -> Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// A request body sent in chunks with no declared length (HTTP/1.1
+/// `Transfer-Encoding: chunked`).
+pub struct Chunked(std::collections::VecDeque<Bytes>);
+
+impl Chunked {
+    pub fn new(chunks: impl IntoIterator<Item = Bytes>) -> Self {
+        Chunked(chunks.into_iter().collect())
+    }
+}
+
+impl http_body::Body for Chunked {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+pub type ChunkedClient =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Chunked>;
+
+pub fn chunked_client() -> ChunkedClient {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Polls `condition` every 10 ms until it holds or `limit` passes; true if it held.
+pub async fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An address where nothing listens (bound, then released).
+pub async fn unused_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// The `x-compaction-*` headers of a response, by name.
+pub fn compaction_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("x-compaction-"))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                value.to_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
 }
