@@ -22,6 +22,10 @@ use crate::engine::{Policy, Role};
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment overrides; `__` separates the key path.
 pub const ENV_PREFIX: &str = "COMPACTION_PROXY_";
+/// The top-level tables of a configuration.
+const SECTIONS: [&str; 6] = [
+    "server", "upstream", "cache", "policies", "routes", "tenants",
+];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Config {
@@ -254,7 +258,8 @@ pub fn load(
             .map_err(|e| ConfigErrors::one("", format!("cannot read {}: {e}", path.display())))?;
         figment = figment.merge(Toml::string(&text));
     }
-    figment = figment.merge(env_provider(env));
+    let (env_layer, mut problems) = env_provider(env);
+    figment = figment.merge(env_layer);
     if let Some(listen) = &overrides.listen {
         figment = figment.merge(("server.listen", listen));
     }
@@ -271,25 +276,47 @@ pub fn load(
                 .collect(),
         )
     })?;
-    from_value(&merged)
+    match from_value(&merged) {
+        Ok(config) if problems.is_empty() => Ok(config),
+        Ok(_) => Err(ConfigErrors(problems)),
+        Err(more) => {
+            problems.extend(more.0);
+            Err(ConfigErrors(problems))
+        }
+    }
 }
 
 /// The `COMPACTION_PROXY_<SECTION>__<KEY>` layer. Figment's own `Env` reads
 /// the live process environment; taking the pairs as an argument lets tests
 /// (and reloads) pass a snapshot instead of mutating global state.
-fn env_provider(env: impl IntoIterator<Item = (String, String)>) -> Serialized<Value> {
+/// A variable that names no section is a problem reported by its own name,
+/// so the user sees where it came from.
+fn env_provider(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> (Serialized<Value>, Vec<ConfigProblem>) {
     let mut root = serde_json::Map::new();
+    let mut problems = Vec::new();
     for (key, raw) in env {
         let Some(rest) = key.strip_prefix(ENV_PREFIX) else {
             continue;
         };
         let parts: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
-        if parts.iter().any(|p| p.is_empty()) {
+        if parts.len() < 2
+            || parts.iter().any(|p| p.is_empty())
+            || !SECTIONS.contains(&parts[0].as_str())
+        {
+            problems.push(ConfigProblem {
+                path: key,
+                message: format!(
+                    "environment variable does not name a setting; expected {ENV_PREFIX}<SECTION>__<KEY> with a section of {}",
+                    SECTIONS.join(", ")
+                ),
+            });
             continue;
         }
         insert_path(&mut root, &parts, env_value(&raw));
     }
-    Serialized::defaults(Value::Object(root))
+    (Serialized::defaults(Value::Object(root)), problems)
 }
 
 /// Environment values are strings; read them as TOML scalars or arrays when
@@ -330,11 +357,7 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
         return Err(ConfigErrors::one("", "configuration must be a table"));
     };
     for key in root.keys() {
-        if ![
-            "server", "upstream", "cache", "policies", "routes", "tenants",
-        ]
-        .contains(&key.as_str())
-        {
+        if !SECTIONS.contains(&key.as_str()) {
             problems.push(ConfigProblem {
                 path: key.clone(),
                 message: "unknown key".into(),
@@ -542,6 +565,22 @@ mod tests {
                 "policies.b.pin_patterns",
                 "routes[1].policy"
             ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn environment_variables_that_name_no_setting_are_reported_by_name() {
+        let env = [
+            ("COMPACTION_PROXY_REQUIRE_SDK", "1"),
+            ("COMPACTION_PROXY_SERVER__LISTN", "x"),
+            ("OTHER_VAR", "1"),
+        ];
+        let err = load_str("", &env).unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["COMPACTION_PROXY_REQUIRE_SDK", "server.listn"],
             "{err}"
         );
     }

@@ -62,6 +62,20 @@ pub struct LossSummary {
 }
 
 impl LossSummary {
+    /// A conversation forwarded as it came: nothing lost, budget met.
+    pub fn unchanged(chars: usize, messages: usize) -> Self {
+        LossSummary {
+            input_chars: chars,
+            output_chars: chars,
+            input_messages: messages,
+            output_messages: messages,
+            dropped_messages: 0,
+            trimmed_messages: 0,
+            retained_ratio: 1.0,
+            budget_met: true,
+        }
+    }
+
     pub fn from_report(report: &crate::engine::Report) -> Self {
         LossSummary {
             input_chars: report.loss.input_chars,

@@ -228,6 +228,14 @@ impl<'a> ChatBody<'a> {
         self.messages.is_empty()
     }
 
+    /// The chars all messages count toward a budget (text and tool calls).
+    pub fn total_chars(&self) -> usize {
+        self.messages
+            .iter()
+            .map(|m| m.text_chars() + m.fixed_chars)
+            .sum()
+    }
+
     /// The engine's view of the messages under `policy`'s pin rules.
     pub fn engine_messages(&self, policy: &CompiledPolicy) -> Vec<Message> {
         let first_user = self.messages.iter().position(|m| m.role == Role::User);
@@ -324,6 +332,18 @@ impl WireMessage<'_> {
                 .filter_map(|p| p.text.as_ref())
                 .map(|(_, t)| t.as_ref())
                 .collect(),
+        }
+    }
+
+    fn text_chars(&self) -> usize {
+        match &self.content {
+            Content::None => 0,
+            Content::Text { text, .. } => char_count(text),
+            Content::Parts { parts, .. } => parts
+                .iter()
+                .filter_map(|p| p.text.as_ref())
+                .map(|(_, t)| char_count(t))
+                .sum(),
         }
     }
 
@@ -530,6 +550,23 @@ mod tests {
         assert_eq!(parts.len(), 2, "{parts:?}");
         assert_eq!(parts[0]["text"], "First sentence here.");
         assert_eq!(parts[1], image);
+    }
+
+    #[test]
+    fn total_chars_is_what_the_engine_counts() {
+        let body = serde_json::to_vec(&json!({"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "héllo"}, {"type": "image_url", "image_url": {"url": "u"}}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "配送🚚"},
+        ]}))
+        .unwrap();
+        let chat = ChatBody::parse(&body).unwrap();
+        let report = engine::compact(
+            &chat.engine_messages(&policy(1000, 0)),
+            &Policy::with_budget(1000),
+        );
+        assert_eq!(chat.total_chars(), report.loss.input_chars);
+        assert_eq!(chat.total_chars(), 5 + 3 + 3);
     }
 
     #[test]

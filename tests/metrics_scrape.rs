@@ -736,7 +736,7 @@ async fn the_exposition_is_valid_prometheus_text() {
 }
 
 /// `promtool check metrics` on the exposition, when promtool is installed
-/// (CI installs it and sets `COMPACTION_PROXY_REQUIRE_PROMTOOL=1`).
+/// (CI installs it and sets `REQUIRE_PROMTOOL=1`).
 fn promtool_check(text: &str) {
     use std::io::Write;
     use std::process::{Command, Stdio};
@@ -748,7 +748,7 @@ fn promtool_check(text: &str) {
         .spawn()
     else {
         assert!(
-            std::env::var_os("COMPACTION_PROXY_REQUIRE_PROMTOOL").is_none(),
+            std::env::var_os("REQUIRE_PROMTOOL").is_none(),
             "promtool is required here (Debian package prometheus)"
         );
         eprintln!("promtool not installed: checked with the parser only");

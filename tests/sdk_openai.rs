@@ -1,6 +1,6 @@
 //! The official OpenAI SDKs (Python and Node) work through the proxy
 //! unchanged: only the base URL differs, streaming included. CI installs
-//! both and sets `COMPACTION_PROXY_REQUIRE_SDK=1`; elsewhere a missing SDK
+//! both and sets `REQUIRE_OPENAI_SDKS=1`; elsewhere a missing SDK
 //! makes its test say it was skipped.
 
 mod support;
@@ -17,7 +17,7 @@ fn sdk_available(what: &str, program: &str, args: &[&str]) -> bool {
         .is_ok_and(|o| o.status.success());
     if !found {
         assert!(
-            std::env::var_os("COMPACTION_PROXY_REQUIRE_SDK").is_none(),
+            std::env::var_os("REQUIRE_OPENAI_SDKS").is_none(),
             "{what} is required here (see .ci/run for how it is installed)"
         );
         eprintln!("skipped: {what} is not installed (see .ci/run)");

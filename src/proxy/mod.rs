@@ -224,16 +224,26 @@ fn compact(
                 Ok(chat) => chat,
                 Err(skip) => return (Status::Skipped(skip.reason()), None),
             };
-            let (report, rewritten) = chat.compact(policy);
-            let outcome = Arc::new(Outcome {
-                loss: LossSummary::from_report(&report),
-                rewritten: rewritten.map(Bytes::from),
-            });
             state.metrics.cache_lookup(&policy.name, false);
-            state
-                .cache
-                .insert(&policy.name, decoded.clone(), outcome.clone());
-            outcome
+            let total = chat.total_chars();
+            if total <= policy.engine.budget_chars {
+                // Fits: the engine would change nothing, so skip it (and
+                // keep the cache for bodies that cost something).
+                Arc::new(Outcome {
+                    loss: LossSummary::unchanged(total, chat.len()),
+                    rewritten: None,
+                })
+            } else {
+                let (report, rewritten) = chat.compact(policy);
+                let outcome = Arc::new(Outcome {
+                    loss: LossSummary::from_report(&report),
+                    rewritten: rewritten.map(Bytes::from),
+                });
+                state
+                    .cache
+                    .insert(&policy.name, decoded.clone(), outcome.clone());
+                outcome
+            }
         }
     };
     event.compaction_seconds = Some(started.elapsed().as_secs_f64());
