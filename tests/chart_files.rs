@@ -13,38 +13,10 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 use serde_yaml::Value as Yaml;
 
-/// How a metric family is exposed: a counter is queried by its own name, a
-/// histogram only through its `_bucket`, `_sum` and `_count` series.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Counter,
-    Histogram,
-}
-
-/// The metric families the proxy exports.
-///
-/// Hard-coded stand-in: to be replaced by a call into the library's metrics
-/// registry so the dashboard is checked against what the code registers.
-const EXPORTED_FAMILIES: &[(&str, Kind)] = &[
-    ("compaction_proxy_requests_total", Kind::Counter),
-    ("compaction_proxy_input_chars_total", Kind::Counter),
-    ("compaction_proxy_output_chars_total", Kind::Counter),
-    ("compaction_proxy_dropped_messages_total", Kind::Counter),
-    ("compaction_proxy_trimmed_messages_total", Kind::Counter),
-    ("compaction_proxy_budget_missed_total", Kind::Counter),
-    ("compaction_proxy_upstream_responses_total", Kind::Counter),
-    ("compaction_proxy_cache_hits_total", Kind::Counter),
-    ("compaction_proxy_cache_misses_total", Kind::Counter),
-    ("compaction_proxy_retained_ratio", Kind::Histogram),
-    (
-        "compaction_proxy_compaction_duration_seconds",
-        Kind::Histogram,
-    ),
-    (
-        "compaction_proxy_upstream_duration_seconds",
-        Kind::Histogram,
-    ),
-];
+/// The metric families the proxy registers. Counters end in `_total` (the
+/// naming rule of INTERFACE.md) and are queried by name; the others are
+/// histograms, queried through their `_bucket`, `_sum` and `_count` series.
+use compaction_proxy::metrics::FAMILIES;
 
 const HISTOGRAM_SUFFIXES: &[&str] = &["_bucket", "_sum", "_count"];
 
@@ -227,11 +199,14 @@ fn metric_names(query: &str) -> Vec<&str> {
 /// Whether a series name belongs to an exported family: a counter by its own
 /// name, a histogram by one of its three series.
 fn is_exported_series(name: &str) -> bool {
-    EXPORTED_FAMILIES.iter().any(|&(family, kind)| match kind {
-        Kind::Counter => name == family,
-        Kind::Histogram => HISTOGRAM_SUFFIXES
-            .iter()
-            .any(|suffix| name.strip_suffix(suffix) == Some(family)),
+    FAMILIES.iter().any(|&family| {
+        if family.ends_with("_total") {
+            name == family
+        } else {
+            HISTOGRAM_SUFFIXES
+                .iter()
+                .any(|suffix| name.strip_suffix(suffix) == Some(family))
+        }
     })
 }
 
