@@ -255,8 +255,23 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
         };
         match load(args.config.as_ref(), &overrides) {
             Ok(runtime) => {
-                if runtime.listen != state.runtime().listen {
-                    tracing::warn!("server.listen changed; it takes effect on restart only");
+                let current = state.runtime();
+                let restart_only = [
+                    ("server.listen", runtime.listen != current.listen),
+                    (
+                        "upstream.connect_timeout_secs",
+                        runtime.config.upstream.connect_timeout_secs
+                            != current.config.upstream.connect_timeout_secs,
+                    ),
+                    (
+                        "upstream.ca_file",
+                        runtime.config.upstream.ca_file != current.config.upstream.ca_file,
+                    ),
+                ];
+                for (key, changed) in restart_only {
+                    if changed {
+                        tracing::warn!(key, "changed; it takes effect on restart only");
+                    }
                 }
                 tracing::info!(
                     reason,

@@ -74,6 +74,9 @@ pub struct UpstreamConfig {
     pub response_header_timeout_secs: f64,
     /// A response body silent this long is cut off (streams have no total limit).
     pub idle_timeout_secs: f64,
+    /// PEM file of extra CA certificates trusted for https upstreams (an
+    /// internal gateway), on top of the bundled public roots.
+    pub ca_file: Option<String>,
 }
 
 impl Default for UpstreamConfig {
@@ -83,6 +86,7 @@ impl Default for UpstreamConfig {
             connect_timeout_secs: 10.0,
             response_header_timeout_secs: 120.0,
             idle_timeout_secs: 300.0,
+            ca_file: None,
         }
     }
 }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, Uri};
 use regex::RegexSet;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
 
 use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig};
 use crate::engine::Policy;
@@ -66,6 +68,8 @@ pub struct Runtime {
     pub config: Config,
     pub listen: SocketAddr,
     pub upstream: Uri,
+    /// Extra CA certificates for the upstream (`upstream.ca_file`).
+    pub upstream_roots: Vec<CertificateDer<'static>>,
     routes: Vec<Route>,
     tenant_header: HeaderName,
     tenants: HashMap<String, Arc<CompiledPolicy>>,
@@ -125,6 +129,13 @@ impl Runtime {
         }
         let upstream =
             parse_upstream(&config.upstream.url).map_err(|m| problem("upstream.url".into(), m));
+        let upstream_roots = match &config.upstream.ca_file {
+            None => Vec::new(),
+            Some(path) => read_roots(path).unwrap_or_else(|m| {
+                problem("upstream.ca_file".into(), m);
+                Vec::new()
+            }),
+        };
 
         let mut policies = HashMap::new();
         for (name, p) in &config.policies {
@@ -188,6 +199,7 @@ impl Runtime {
                 config,
                 listen,
                 upstream,
+                upstream_roots,
                 routes,
                 tenant_header,
                 tenants,
@@ -242,6 +254,16 @@ impl Runtime {
     pub fn tenant_names(&self) -> impl Iterator<Item = &str> {
         self.tenants.keys().map(String::as_str)
     }
+}
+
+fn read_roots(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect())
+        .map_err(|e| format!("cannot read certificates from {path:?}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{path:?} holds no PEM certificate"));
+    }
+    Ok(certs)
 }
 
 fn parse_upstream(url: &str) -> Result<Uri, String> {
@@ -393,6 +415,21 @@ mod tests {
             ],
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_unreadable_or_empty_ca_file_is_a_problem() {
+        let err = runtime("[upstream]\nca_file = \"/nonexistent/ca.pem\"").unwrap_err();
+        assert_eq!(err.0[0].path, "upstream.ca_file");
+        let empty = std::env::temp_dir().join(format!("cp-empty-ca-{}.pem", std::process::id()));
+        std::fs::write(&empty, "not a certificate").unwrap();
+        let err = runtime(&format!(
+            "[upstream]\nca_file = {:?}",
+            empty.to_str().unwrap()
+        ))
+        .unwrap_err();
+        std::fs::remove_file(&empty).ok();
+        assert!(err.0[0].message.contains("no PEM certificate"), "{err}");
     }
 
     #[test]

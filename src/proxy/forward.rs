@@ -2,6 +2,7 @@
 //! and HTTP/2 where the upstream offers it by ALPN), with a deadline for
 //! the response headers only: streamed bodies have no total limit.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, Uri};
@@ -10,6 +11,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rustls_pki_types::CertificateDer;
 
 use super::body::ProxyBody;
 use crate::error::ProxyError;
@@ -19,13 +21,25 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(connect_timeout: Duration) -> Self {
+    /// A client trusting the bundled public roots plus `extra_roots`.
+    pub fn new(connect_timeout: Duration, extra_roots: &[CertificateDer<'static>]) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        roots.add_parsable_certificates(extra_roots.iter().cloned());
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
+            .with_tls_config(tls)
             .https_or_http()
             .enable_all_versions()
             .wrap_connector(http);

@@ -55,11 +55,12 @@ pub struct AppState {
 impl AppState {
     pub fn new(runtime: Runtime) -> Arc<Self> {
         let connect = Duration::from_secs_f64(runtime.config.upstream.connect_timeout_secs);
+        let upstream = Upstream::new(connect, &runtime.upstream_roots);
         Arc::new(AppState {
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
-            upstream: Upstream::new(connect),
+            upstream,
             shutting_down: AtomicBool::new(false),
         })
     }
