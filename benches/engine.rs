@@ -356,5 +356,36 @@ fn bench_compact_narrow_vocabulary(c: &mut Criterion) {
     bench_group(c, "compact_narrow_vocabulary", &[200, 2_000], true);
 }
 
-criterion_group!(benches, bench_compact, bench_compact_narrow_vocabulary);
+/// The proxy's whole step 5 on the real fixtures: parse the body, compact
+/// its messages (tool-call groups, array content) and splice the result.
+fn bench_chat_body(c: &mut Criterion) {
+    use compaction_proxy::openai::ChatBody;
+    use compaction_proxy::policy::CompiledPolicy;
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/fixtures/");
+    let mut group = c.benchmark_group("chat_body");
+    for (name, budget) in [("agent-150-turns", 20_000), ("chat-200-messages", 20_000)] {
+        let body = std::fs::read(format!("{dir}{name}.json")).unwrap();
+        let policy = CompiledPolicy::plain("bench", Policy::with_budget(budget));
+        let (report, rewritten) = ChatBody::parse(&body).unwrap().compact(&policy);
+        assert!(
+            rewritten.is_some() && report.loss.dropped_messages > 0,
+            "{name} must be compacted"
+        );
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let chat = ChatBody::parse(black_box(&body)).unwrap();
+                black_box(chat.compact(&policy))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_compact,
+    bench_compact_narrow_vocabulary,
+    bench_chat_body
+);
 criterion_main!(benches);
