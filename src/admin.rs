@@ -17,13 +17,12 @@ pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
 pub const MEMORY_COMPACT: &str = "/v1/memory-compact";
 
-/// Answers admin paths; `None` for everything else (to be proxied).
+/// Answers admin paths; hands every other request back, to be proxied.
 pub async fn handle(
     state: &Arc<AppState>,
-    request: &Request<Incoming>,
-) -> Option<Response<ProxyBody>> {
-    let path = request.uri().path();
-    let response = match path {
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Request<Incoming>> {
+    Ok(match request.uri().path() {
         HEALTHZ => text(StatusCode::OK, "ok\n"),
         READYZ if state.is_ready() => text(StatusCode::OK, "ready\n"),
         READYZ => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
@@ -35,17 +34,13 @@ pub async fn handle(
             );
             r
         }
-        MEMORY_COMPACT => return None, // needs the body: see `memory_compact`
-        _ => return None,
-    };
-    Some(response)
+        MEMORY_COMPACT => memory_compact(state, request).await,
+        _ => return Err(request),
+    })
 }
 
 /// `POST /v1/memory-compact`: validates, compacts, answers the report.
-pub async fn memory_compact(
-    state: &Arc<AppState>,
-    request: Request<Incoming>,
-) -> Response<ProxyBody> {
+async fn memory_compact(state: &Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
     match compact_report(state, request).await {
         Ok(report) => {
             let mut r = Response::new(body::full(report));

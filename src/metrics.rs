@@ -261,6 +261,25 @@ pub struct RequestEvent {
 }
 
 impl RequestEvent {
+    /// An event for a request not yet routed or answered.
+    pub fn new(method: http::Method, path: String) -> Self {
+        RequestEvent {
+            method,
+            path,
+            route: UNMATCHED_ROUTE.to_owned(),
+            policy: None,
+            tenant: crate::policy::OTHER_TENANT.to_owned(),
+            status: None,
+            loss: None,
+            compaction_seconds: None,
+            upstream_status: None,
+            upstream_seconds: None,
+            response_status: 0,
+            total_seconds: 0.0,
+            stream_error: None,
+        }
+    }
+
     /// Records the event in `metrics` and writes its log line.
     pub fn emit(&self, metrics: &Metrics) {
         let policy = self.policy.as_deref().unwrap_or("none");

@@ -36,9 +36,9 @@ use hyper::body::Incoming;
 
 use crate::cache::{CompactionCache, Outcome};
 use crate::error::ProxyError;
-use crate::metrics::{LossSummary, Metrics, RequestEvent, Status, UNMATCHED_ROUTE};
+use crate::metrics::{LossSummary, Metrics, RequestEvent, Status};
 use crate::openai::ChatBody;
-use crate::policy::{Resolution, Runtime, OTHER_TENANT};
+use crate::policy::{Resolution, Runtime};
 use body::{BodyEnd, Coding, ProxyBody};
 use forward::Upstream;
 
@@ -89,63 +89,52 @@ impl AppState {
 
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
-    if let Some(response) = crate::admin::handle(&state, &request).await {
-        return response;
-    }
-    if request.uri().path() == crate::admin::MEMORY_COMPACT {
-        return crate::admin::memory_compact(&state, request).await;
-    }
+    let request = match crate::admin::handle(&state, request).await {
+        Ok(answered) => return answered,
+        Err(request) => request,
+    };
     let started = Instant::now();
     let runtime = state.runtime();
-    let mut event = RequestEvent {
-        method: request.method().clone(),
-        path: request.uri().path().to_owned(),
-        route: UNMATCHED_ROUTE.to_owned(),
-        policy: None,
-        tenant: OTHER_TENANT.to_owned(),
-        status: None,
-        loss: None,
-        compaction_seconds: None,
-        upstream_status: None,
-        upstream_seconds: None,
-        response_status: 0,
-        total_seconds: 0.0,
-        stream_error: None,
-    };
+    let mut event = RequestEvent::new(request.method().clone(), request.uri().path().to_owned());
 
     let Some(resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
         let (parts, body) = request.into_parts();
-        let body = body.map_err(Into::into).boxed_unsync();
-        return forward(&state, &runtime, parts, body, None, event, started).await;
+        return forward(
+            &state,
+            &runtime,
+            parts,
+            streamed(body),
+            None,
+            event,
+            started,
+        )
+        .await;
     };
     event.route = resolution.route.clone();
     event.policy = Some(resolution.policy.name.clone());
     event.tenant = resolution.tenant.clone();
 
     let (parts, body) = request.into_parts();
-    let policy = &resolution.policy;
-    if parts.method != Method::POST {
-        let body = body.map_err(Into::into).boxed_unsync();
-        let report = Some((Status::Skipped("not-post"), None));
+    // Requests that are not compacted keep their body streaming.
+    let untouched = if parts.method != Method::POST {
+        Some(Status::Skipped("not-post"))
+    } else if resolution.policy.allow_bypass && headers::wants_bypass(&parts.headers) {
+        Some(Status::Bypassed)
+    } else {
+        None
+    };
+    if let Some(status) = untouched {
+        let verdict = Verdict {
+            resolution,
+            status,
+            loss: None,
+        };
         return forward(
             &state,
             &runtime,
             parts,
-            body,
-            report.map(|r| (resolution, r)),
-            event,
-            started,
-        )
-        .await;
-    }
-    if policy.allow_bypass && headers::wants_bypass(&parts.headers) {
-        let body = body.map_err(Into::into).boxed_unsync();
-        return forward(
-            &state,
-            &runtime,
-            parts,
-            body,
-            Some((resolution, (Status::Bypassed, None))),
+            streamed(body),
+            Some(verdict),
             event,
             started,
         )
@@ -189,16 +178,26 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     };
     let loss = outcome.map(|o| o.loss);
     event.loss = loss;
+    let verdict = Verdict {
+        resolution,
+        status,
+        loss,
+    };
     forward(
         &state,
         &runtime,
         parts,
         body::full(body),
-        Some((resolution, (status, loss))),
+        Some(verdict),
         event,
         started,
     )
     .await
+}
+
+/// A request body passed on as it arrives, never collected.
+fn streamed(body: Incoming) -> ProxyBody {
+    body.map_err(Into::into).boxed_unsync()
 }
 
 /// Step 5: decides what to forward. Returns the status and, when the engine
@@ -258,7 +257,12 @@ fn compact(
     (status, Some(outcome))
 }
 
-type Report = (Resolution, (Status, Option<LossSummary>));
+/// What the loss report headers of a matched route's response say.
+struct Verdict {
+    resolution: Resolution,
+    status: Status,
+    loss: Option<LossSummary>,
+}
 
 /// Steps 6-8: forwards the request and streams the response back.
 async fn forward(
@@ -266,12 +270,12 @@ async fn forward(
     runtime: &Runtime,
     mut parts: http::request::Parts,
     body: ProxyBody,
-    report: Option<Report>,
+    verdict: Option<Verdict>,
     mut event: RequestEvent,
     started: Instant,
 ) -> Response<ProxyBody> {
-    if let Some((_, (status, _))) = &report {
-        event.status = Some(*status);
+    if let Some(verdict) = &verdict {
+        event.status = Some(verdict.status);
     }
     let path_and_query = parts
         .uri
@@ -295,18 +299,24 @@ async fn forward(
         Ok(response) => response,
         Err(e) => {
             event.status = event.status.map(|_| Status::Error);
-            return local_error(state, e, report.as_ref().map(|(r, _)| r), event, started);
+            return local_error(
+                state,
+                e,
+                verdict.as_ref().map(|v| &v.resolution),
+                event,
+                started,
+            );
         }
     };
 
     let (mut parts, upstream_body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    if let Some((resolution, (status, loss))) = &report {
+    if let Some(v) = &verdict {
         headers::write_loss_report(
             &mut parts.headers,
-            *status,
-            &resolution.policy.name,
-            loss.as_ref(),
+            v.status,
+            &v.resolution.policy.name,
+            v.loss.as_ref(),
         );
     }
     event.upstream_status = Some(parts.status.as_u16());
