@@ -520,68 +520,103 @@ fn output_chars(rt: &tokio::runtime::Runtime, proxy: &Proc, body: &Bytes) -> usi
         .unwrap()
 }
 
-#[test]
-fn sighup_reloads_the_file_and_a_broken_file_keeps_the_config_in_force() {
-    let rt = runtime();
-    let upstream = rt.block_on(MockUpstream::start(Behavior::Json(
-        200,
-        json!({"ok": true}),
-    )));
-    let body = fixture("chat-200-messages.json");
-    let (a, _) = expected_compaction(&policy_toml(6000), &body);
-    let (b, _) = expected_compaction(&policy_toml(2500), &body);
-    assert_ne!(a.output_chars, b.output_chars);
+/// A binary running on a config file with budget A, a body whose
+/// compaction differs under budget B, and both expected outcomes.
+struct ReloadCase {
+    rt: tokio::runtime::Runtime,
+    _upstream: MockUpstream,
+    body: Bytes,
+    a: usize,
+    b: usize,
+    config: PathBuf,
+    proxy: Proc,
+}
 
-    let config = config_file(&policy_toml(6000));
-    let mut proxy = Proc::start(
-        &rt,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--upstream",
-            &upstream.url(),
-        ],
-        &[],
-    );
-    assert_eq!(output_chars(&rt, &proxy, &body), a.output_chars);
-
-    std::fs::write(&config, policy_toml(2500)).unwrap();
-    proxy.signal("HUP");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while output_chars(&rt, &proxy, &body) != b.output_chars {
-        assert!(
-            Instant::now() < deadline,
-            "budget B not in force 5 s after SIGHUP:\n{}",
-            proxy.stderr()
+impl ReloadCase {
+    fn start() -> ReloadCase {
+        let rt = runtime();
+        let upstream = rt.block_on(MockUpstream::start(Behavior::Json(
+            200,
+            json!({"ok": true}),
+        )));
+        let body = fixture("chat-200-messages.json");
+        let (a, _) = expected_compaction(&policy_toml(6000), &body);
+        let (b, _) = expected_compaction(&policy_toml(2500), &body);
+        assert_ne!(a.output_chars, b.output_chars);
+        let config = config_file(&policy_toml(6000));
+        let proxy = Proc::start(
+            &rt,
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--upstream",
+                &upstream.url(),
+            ],
+            &[],
         );
-        std::thread::sleep(Duration::from_millis(50));
+        let case = ReloadCase {
+            rt,
+            _upstream: upstream,
+            body,
+            a: a.output_chars,
+            b: b.output_chars,
+            config,
+            proxy,
+        };
+        assert_eq!(case.output_chars(), case.a);
+        case
     }
 
+    fn output_chars(&self) -> usize {
+        output_chars(&self.rt, &self.proxy, &self.body)
+    }
+
+    /// Polls until requests get `expected` output chars, for at most 5 s.
+    fn wait_for(&self, expected: usize, after: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.output_chars() != expected {
+            assert!(
+                Instant::now() < deadline,
+                "new budget not in force 5 s after {after}:\n{}",
+                self.proxy.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn sighup_reloads_the_file_and_a_broken_file_keeps_the_config_in_force() {
+    let mut case = ReloadCase::start();
+    std::fs::write(&case.config, policy_toml(2500)).unwrap();
+    case.proxy.signal("HUP");
+    case.wait_for(case.b, "SIGHUP");
+
     std::fs::write(
-        &config,
+        &case.config,
         "[policies.default]\nbudget_chars = \"lots\"\nkeep_lsat_n = 1\n",
     )
     .unwrap();
-    proxy.signal("HUP");
+    case.proxy.signal("HUP");
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !proxy.stderr().contains("reload refused") {
+    while !case.proxy.stderr().contains("reload refused") {
         assert!(
             Instant::now() < deadline,
             "the refused reload is not logged:\n{}",
-            proxy.stderr()
+            case.proxy.stderr()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(
-        output_chars(&rt, &proxy, &body),
-        b.output_chars,
+        case.output_chars(),
+        case.b,
         "the previous configuration stays"
     );
     assert!(
-        proxy.child.try_wait().unwrap().is_none(),
+        case.proxy.child.try_wait().unwrap().is_none(),
         "still running after a bad reload"
     );
-    let log = proxy.stderr();
+    let log = case.proxy.stderr();
     assert!(
         log.contains("policies.default.budget_chars"),
         "the problem is logged with its path:\n{log}"
@@ -590,44 +625,16 @@ fn sighup_reloads_the_file_and_a_broken_file_keeps_the_config_in_force() {
         log.contains("SIGHUP"),
         "the reload names its trigger:\n{log}"
     );
-    assert!(proxy.stop().success());
+    assert!(case.proxy.stop().success());
 }
 
 #[test]
 fn a_changed_config_file_is_reloaded_without_a_signal() {
-    let rt = runtime();
-    let upstream = rt.block_on(MockUpstream::start(Behavior::Json(
-        200,
-        json!({"ok": true}),
-    )));
-    let body = fixture("chat-200-messages.json");
-    let (a, _) = expected_compaction(&policy_toml(6000), &body);
-    let (b, _) = expected_compaction(&policy_toml(2500), &body);
-    let config = config_file(&policy_toml(6000));
-    let mut proxy = Proc::start(
-        &rt,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--upstream",
-            &upstream.url(),
-        ],
-        &[],
-    );
-    assert_eq!(output_chars(&rt, &proxy, &body), a.output_chars);
-
-    std::fs::write(&config, policy_toml(2500)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while output_chars(&rt, &proxy, &body) != b.output_chars {
-        assert!(
-            Instant::now() < deadline,
-            "budget B not in force 5 s after the file changed:\n{}",
-            proxy.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(proxy.stderr().contains("config file changed"));
-    assert!(proxy.stop().success());
+    let mut case = ReloadCase::start();
+    std::fs::write(&case.config, policy_toml(2500)).unwrap();
+    case.wait_for(case.b, "the file changed");
+    assert!(case.proxy.stderr().contains("config file changed"));
+    assert!(case.proxy.stop().success());
 }
 
 #[test]
