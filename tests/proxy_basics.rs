@@ -29,3 +29,43 @@ async fn compacted_messages_reach_the_upstream() {
         serde_json::json!([{"role": "user", "content": "hello"}])
     );
 }
+
+#[tokio::test]
+async fn a_request_in_flight_keeps_the_policy_it_started_with() {
+    let upstream =
+        MockUpstream::start(Behavior::SlowHeaders(std::time::Duration::from_millis(300))).await;
+    let before = "[policies.first]\nbudget_chars = 50\nkeep_last_n = 1\n[[routes]]\npath = \"/v1/chat/completions\"\npolicy = \"first\"";
+    let proxy = TestProxy::start(before, &upstream.url()).await;
+    let body = serde_json::json!({"messages": [
+        {"role": "user", "content": "x".repeat(100)},
+        {"role": "user", "content": "hello"},
+    ]});
+    let in_flight = tokio::spawn(send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    )));
+    assert!(
+        wait_until(std::time::Duration::from_secs(2), || upstream
+            .received()
+            .len()
+            == 1)
+        .await,
+        "the first request reached the upstream"
+    );
+
+    let after = before
+        .replace("first", "second")
+        .replace("budget_chars = 50", "budget_chars = 1000");
+    proxy.state.reload(runtime(&after, &upstream.url()));
+    let answer = in_flight.await.unwrap();
+    assert_eq!(answer.header("x-compaction-policy"), Some("first"));
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+
+    let next = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
+    assert_eq!(next.header("x-compaction-policy"), Some("second"));
+    assert_eq!(next.header("x-compaction-status"), Some("unchanged"));
+}

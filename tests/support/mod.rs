@@ -48,6 +48,8 @@ pub enum Behavior {
     ResetAfter(Vec<String>),
     /// Never sends response headers.
     Stall,
+    /// Answers `{"ok": true}` after this long.
+    SlowHeaders(Duration),
     /// Sends headers, then nothing (an idle body).
     SilentBody,
     /// Answers like the OpenAI API: a chat completion, or its SSE stream
@@ -246,6 +248,17 @@ impl MockUpstream {
                 }
             }
             Behavior::ResetAfter(chunks) => self.sse(chunks, Duration::from_millis(20), true),
+            Behavior::SlowHeaders(delay) => {
+                tokio::time::sleep(delay).await;
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(
+                        Full::new(Bytes::from_static(b"{\"ok\":true}"))
+                            .map_err(|e| match e {})
+                            .boxed(),
+                    )
+                    .unwrap()
+            }
             Behavior::Stall => {
                 let _guard = CancelGuard {
                     shared: self.shared.clone(),
