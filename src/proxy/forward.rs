@@ -16,8 +16,13 @@ use rustls_pki_types::CertificateDer;
 use super::body::ProxyBody;
 use crate::error::ProxyError;
 
+type HttpsClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    client: HttpsClient,
+    /// HTTP/1.1 only: protocol upgrades (WebSocket) exist only there, and a
+    /// pooled HTTP/2 connection could not carry one.
+    http1: HttpsClient,
 }
 
 impl Upstream {
@@ -38,13 +43,17 @@ impl Upstream {
         .expect("ring supports the default protocol versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(http);
+        let executor = || Client::builder(TokioExecutor::new());
+        let builder = || {
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls.clone())
+                .https_or_http()
+        };
+        let all_versions = builder().enable_all_versions().wrap_connector(http.clone());
+        let http1_only = builder().enable_http1().wrap_connector(http);
         Upstream {
-            client: Client::builder(TokioExecutor::new()).build(https),
+            client: executor().build(all_versions),
+            http1: executor().build(http1_only),
         }
     }
 
@@ -56,7 +65,12 @@ impl Upstream {
         request: Request<ProxyBody>,
         header_timeout: Duration,
     ) -> Result<Response<Incoming>, ProxyError> {
-        match tokio::time::timeout(header_timeout, self.client.request(request)).await {
+        let client = if super::headers::is_upgrade(request.headers()) {
+            &self.http1
+        } else {
+            &self.client
+        };
+        match tokio::time::timeout(header_timeout, client.request(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(describe(&e))),
             Err(_) => Err(ProxyError::UpstreamTimeout(header_timeout.as_secs_f64())),

@@ -32,6 +32,30 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The protocol asked for (request) or agreed to (response) when the
+/// message is a protocol upgrade: `Connection: upgrade` and `Upgrade` set.
+pub fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    upgrade_protocol(headers).is_some()
+}
+
+/// Puts back the two headers of an upgrade after hop-by-hop stripping.
+pub fn restore_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, protocol);
+}
+
 pub const STATUS: &str = "x-compaction-status";
 pub const POLICY: &str = "x-compaction-policy";
 pub const BYPASS: &str = "x-compaction-bypass";
@@ -116,6 +140,23 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert!(!h.contains_key("x-internal-hop"));
         assert!(h.contains_key("x-other"));
+    }
+
+    #[test]
+    fn an_upgrade_needs_both_connection_and_upgrade() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(!is_upgrade(&h), "Upgrade alone is not an upgrade request");
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert_eq!(
+            upgrade_protocol(&h),
+            Some(HeaderValue::from_static("websocket"))
+        );
+        strip_hop_by_hop(&mut h);
+        assert!(h.is_empty());
     }
 
     #[test]

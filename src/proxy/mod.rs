@@ -16,7 +16,8 @@
 //!    the upstream; 502 if unreachable, 504 without headers in time.
 //! 7. **stream back** ([`body::Watched`]): the response goes back frame by
 //!    frame with the loss report headers ([`headers`]), cut after an idle
-//!    timeout; a departing client drops the upstream request.
+//!    timeout; a departing client drops the upstream request. A protocol
+//!    upgrade (WebSocket) answered 101 becomes a byte tunnel.
 //! 8. **record** ([`crate::metrics::RequestEvent`]): when the response body
 //!    ends, one event updates the metrics and writes the log line.
 
@@ -30,9 +31,10 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 
 use crate::cache::{CompactionCache, Outcome};
 use crate::error::ProxyError;
@@ -284,7 +286,14 @@ async fn forward(
         .to_owned();
     parts.uri = forward::target(&runtime.upstream, &path_and_query);
     parts.version = http::Version::HTTP_11;
+    // A protocol upgrade (WebSocket) is the one hop-by-hop exchange a proxy
+    // carries on: both sides' connections are joined once the upstream agrees.
+    let upgrade = headers::upgrade_protocol(&parts.headers);
+    let client_upgrade = parts.extensions.remove::<OnUpgrade>();
     headers::strip_hop_by_hop(&mut parts.headers);
+    if let Some(protocol) = &upgrade {
+        headers::restore_upgrade(&mut parts.headers, protocol.clone());
+    }
     parts.headers.remove(header::HOST);
 
     let header_timeout =
@@ -309,8 +318,19 @@ async fn forward(
         }
     };
 
+    let mut response = response;
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let (Some(client), Some(_)) = (client_upgrade, &upgrade) {
+            tokio::spawn(tunnel(client, hyper::upgrade::on(&mut response)));
+        }
+    }
     let (mut parts, upstream_body) = response.into_parts();
+    let upgraded = headers::upgrade_protocol(&parts.headers)
+        .filter(|_| parts.status == StatusCode::SWITCHING_PROTOCOLS);
     headers::strip_hop_by_hop(&mut parts.headers);
+    if let Some(protocol) = upgraded {
+        headers::restore_upgrade(&mut parts.headers, protocol);
+    }
     if let Some(v) = &verdict {
         headers::write_loss_report(
             &mut parts.headers,
@@ -334,6 +354,21 @@ async fn forward(
         event.emit(&state.metrics);
     });
     Response::from_parts(parts, watched.boxed_unsync())
+}
+
+/// Joins an upgraded client connection to the upgraded upstream one and
+/// copies bytes both ways until either side closes.
+async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
+    match tokio::try_join!(client, upstream) {
+        Ok((client, upstream)) => {
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+            if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                tracing::debug!(error = %e, "upgraded connection ended with an error");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "protocol upgrade failed"),
+    }
 }
 
 /// Answers with the proxy's own error, recording it.

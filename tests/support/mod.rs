@@ -50,6 +50,9 @@ pub enum Behavior {
     Stall,
     /// Answers `{"ok": true}` after this long.
     SlowHeaders(Duration),
+    /// Accepts a protocol upgrade (101) and then echoes what it reads, in
+    /// upper case, until the connection closes.
+    UpgradeEcho,
     /// Sends headers, then nothing (an idle body).
     SilentBody,
     /// Answers like the OpenAI API: a chat completion, or its SSE stream
@@ -130,7 +133,7 @@ impl MockUpstream {
                         async move { Ok::<_, Infallible>(server.answer(req).await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
                 });
             }
@@ -162,7 +165,8 @@ impl MockUpstream {
         &self,
         req: Request<Incoming>,
     ) -> Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        let on_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
         let body = body
             .collect()
             .await
@@ -248,6 +252,29 @@ impl MockUpstream {
                 }
             }
             Behavior::ResetAfter(chunks) => self.sse(chunks, Duration::from_millis(20), true),
+            Behavior::UpgradeEcho => {
+                let on_upgrade = on_upgrade.expect("an upgradable request");
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(upgraded) = on_upgrade.await else {
+                        return;
+                    };
+                    let mut io = TokioIo::new(upgraded);
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = io.read(&mut buf).await {
+                        if n == 0 || io.write_all(&buf[..n].to_ascii_uppercase()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                Response::builder()
+                    .status(StatusCode::SWITCHING_PROTOCOLS)
+                    .header("connection", "upgrade")
+                    .header("upgrade", "websocket")
+                    .header("sec-websocket-accept", "mock")
+                    .body(Full::new(Bytes::new()).map_err(|e| match e {}).boxed())
+                    .unwrap()
+            }
             Behavior::SlowHeaders(delay) => {
                 tokio::time::sleep(delay).await;
                 Response::builder()
