@@ -1,6 +1,9 @@
 //! The compaction cache: a repeated request body under the same policy
 //! (client retries, parallel samples, replays) is answered without running
 //! the engine again. Bounded in bytes by moka; emptied on config reload.
+//! Keys carry the compiled policy's id, not its name, so a request still
+//! running under the old configuration cannot leave an outcome that a
+//! request under the new one would pick up.
 //!
 //! Entries are keyed by a hash but hold the input too, and a hit is only
 //! used when the input is byte-equal: a hash collision must never forward
@@ -46,19 +49,20 @@ impl CompactionCache {
         CompactionCache { entries }
     }
 
-    fn key(policy: &str, input: &[u8]) -> u64 {
+    fn key(policy: u64, input: &[u8]) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         policy.hash(&mut h);
         input.hash(&mut h);
         h.finish()
     }
 
-    pub fn get(&self, policy: &str, input: &[u8]) -> Option<Arc<Outcome>> {
+    /// The outcome cached for `input` under the policy with id `policy`.
+    pub fn get(&self, policy: u64, input: &[u8]) -> Option<Arc<Outcome>> {
         let entry = self.entries.as_ref()?.get(&Self::key(policy, input))?;
         (entry.input.as_ref() == input).then(|| entry.outcome.clone())
     }
 
-    pub fn insert(&self, policy: &str, input: Bytes, outcome: Arc<Outcome>) {
+    pub fn insert(&self, policy: u64, input: Bytes, outcome: Arc<Outcome>) {
         if let Some(entries) = &self.entries {
             entries.insert(
                 Self::key(policy, &input),
@@ -97,18 +101,18 @@ mod tests {
     #[test]
     fn hits_only_for_the_same_policy_and_bytes() {
         let cache = CompactionCache::new(1 << 20);
-        cache.insert("a", Bytes::from_static(b"body"), outcome());
-        assert!(cache.get("a", b"body").is_some());
-        assert!(cache.get("b", b"body").is_none());
-        assert!(cache.get("a", b"body2").is_none());
+        cache.insert(1, Bytes::from_static(b"body"), outcome());
+        assert!(cache.get(1, b"body").is_some());
+        assert!(cache.get(2, b"body").is_none());
+        assert!(cache.get(1, b"body2").is_none());
         cache.clear();
-        assert!(cache.get("a", b"body").is_none());
+        assert!(cache.get(1, b"body").is_none());
     }
 
     #[test]
     fn size_zero_turns_the_cache_off() {
         let cache = CompactionCache::new(0);
-        cache.insert("a", Bytes::from_static(b"body"), outcome());
-        assert!(cache.get("a", b"body").is_none());
+        cache.insert(1, Bytes::from_static(b"body"), outcome());
+        assert!(cache.get(1, b"body").is_none());
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, Uri};
@@ -20,6 +21,9 @@ pub const OTHER_TENANT: &str = "other";
 /// A policy ready to apply.
 #[derive(Debug)]
 pub struct CompiledPolicy {
+    /// Unique per compilation: a reloaded policy of the same name is a
+    /// different policy, so outcomes cached under the old one never apply.
+    pub id: u64,
     pub name: String,
     pub engine: Policy,
     pub mode: Mode,
@@ -29,10 +33,16 @@ pub struct CompiledPolicy {
     pub dry_run: bool,
 }
 
+fn next_policy_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 impl CompiledPolicy {
     /// A policy with only the engine's knobs: no pins, bypass or dry run.
     pub fn plain(name: &str, engine: Policy) -> Self {
         CompiledPolicy {
+            id: next_policy_id(),
             name: name.to_owned(),
             engine,
             mode: Mode::Exact,
@@ -309,6 +319,7 @@ fn compile_policy(
     }
     match pin_patterns {
         Ok(pin_patterns) if problems.is_empty() => Ok(CompiledPolicy {
+            id: next_policy_id(),
             name: name.to_owned(),
             engine: p.engine_policy(),
             mode: p.mode,

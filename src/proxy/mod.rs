@@ -216,7 +216,7 @@ fn compact(
     }
     let policy = &resolution.policy;
     let started = Instant::now();
-    let outcome = match state.cache.get(&policy.name, decoded) {
+    let outcome = match state.cache.get(policy.id, decoded) {
         Some(hit) => {
             state.metrics.cache_lookup(&policy.name, true);
             hit
@@ -243,7 +243,7 @@ fn compact(
                 });
                 state
                     .cache
-                    .insert(&policy.name, decoded.clone(), outcome.clone());
+                    .insert(policy.id, decoded.clone(), outcome.clone());
                 outcome
             }
         }
