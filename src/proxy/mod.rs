@@ -300,14 +300,13 @@ async fn forward(
         Duration::from_secs_f64(runtime.config.upstream.response_header_timeout_secs);
     let idle = Duration::from_secs_f64(runtime.config.upstream.idle_timeout_secs);
     let sent = Instant::now();
-    let response = match state
+    let mut response = match state
         .upstream
         .send(Request::from_parts(parts, body), header_timeout)
         .await
     {
         Ok(response) => response,
         Err(e) => {
-            event.status = event.status.map(|_| Status::Error);
             return local_error(
                 state,
                 e,
@@ -318,7 +317,6 @@ async fn forward(
         }
     };
 
-    let mut response = response;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let (Some(client), Some(_)) = (client_upgrade, &upgrade) {
             tokio::spawn(tunnel(client, hyper::upgrade::on(&mut response)));
