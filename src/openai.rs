@@ -12,8 +12,9 @@
 //!   with nothing between them; image, audio and file parts count zero and
 //!   are never touched. A cut that falls in a later part empties the text
 //!   parts after it; emptied text parts are removed unless none would remain.
-//! - tool-call names and arguments (and legacy `function_call`) count as
-//!   fixed chars: they weigh on the budget but are never cut.
+//! - tool-call names and arguments (custom tools' `input`, and legacy
+//!   `function_call`) count as fixed chars: they weigh on the budget but are
+//!   never cut.
 //! - an assistant message with `tool_calls` and the `tool` messages answering
 //!   it form one group, kept or dropped together; likewise a legacy
 //!   `function_call` and the `function` message after it.
@@ -115,6 +116,26 @@ struct ToolCall<'a> {
     id: Cow<'a, str>,
     #[serde(borrow, default)]
     function: Option<FunctionCall<'a>>,
+    /// `"type": "custom"` tools carry free-form `input` instead of arguments.
+    #[serde(borrow, default)]
+    custom: Option<CustomCall<'a>>,
+}
+
+impl ToolCall<'_> {
+    fn chars(&self) -> usize {
+        self.function.as_ref().map_or(0, FunctionCall::chars)
+            + self.custom.as_ref().map_or(0, |c| {
+                c.name.as_deref().map_or(0, char_count) + c.input.as_deref().map_or(0, char_count)
+            })
+    }
+}
+
+#[derive(Deserialize)]
+struct CustomCall<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -156,6 +177,11 @@ impl<'a> ChatBody<'a> {
             serde_json::error::Category::Data => Skip::NoMessages,
             _ => Skip::InvalidJson,
         })?;
+        // serde's derived structs also read arrays by position: only an
+        // object is a chat-completions body (and a message, and a part).
+        if !body.trim_start().starts_with('{') {
+            return Err(Skip::NoMessages);
+        }
         let raw_messages = top.messages.ok_or(Skip::NoMessages)?;
         let items: Vec<&RawValue> =
             serde_json::from_str(raw_messages.get()).map_err(|_| Skip::NoMessages)?;
@@ -166,6 +192,9 @@ impl<'a> ChatBody<'a> {
         let mut function_group: Option<u32> = None;
         for (i, raw) in items.into_iter().enumerate() {
             let raw = raw.get();
+            if !raw.starts_with('{') {
+                return Err(Skip::UnsupportedMessage(i, "not an object"));
+            }
             let fields: MessageFields = serde_json::from_str(raw)
                 .map_err(|_| Skip::UnsupportedMessage(i, "not an object with a string role"))?;
             let role =
@@ -185,7 +214,7 @@ impl<'a> ChatBody<'a> {
                 group = Some(g);
                 open_calls.clear();
                 for call in calls {
-                    fixed_chars += call.function.as_ref().map_or(0, FunctionCall::chars);
+                    fixed_chars += call.chars();
                     open_calls.push((call.id, g));
                 }
             }
@@ -303,8 +332,9 @@ fn parse_content<'a>(message: &'a str, content: &'a RawValue) -> Option<Content<
                 .into_iter()
                 .map(|item| {
                     let raw = item.get();
-                    let text = serde_json::from_str::<PartFields>(raw)
-                        .ok()
+                    let text = (raw.starts_with('{'))
+                        .then(|| serde_json::from_str::<PartFields>(raw).ok())
+                        .flatten()
                         .filter(|p| p.kind == "text")
                         .and_then(|p| p.text)
                         .and_then(|t| {
@@ -567,6 +597,39 @@ mod tests {
         );
         assert_eq!(chat.total_chars(), report.loss.input_chars);
         assert_eq!(chat.total_chars(), 5 + 3 + 3);
+    }
+
+    #[test]
+    fn only_objects_are_bodies_messages_and_parts() {
+        let long = "hello there, this is long";
+        assert_eq!(
+            ChatBody::parse(format!(r#"[[{{"role":"user","content":"{long}"}}]]"#).as_bytes())
+                .unwrap_err(),
+            Skip::NoMessages
+        );
+        assert_eq!(
+            ChatBody::parse(format!(r#"{{"messages":[["user","{long}"]]}}"#).as_bytes())
+                .unwrap_err(),
+            Skip::UnsupportedMessage(0, "not an object")
+        );
+        let body = format!(r#"{{"messages":[{{"role":"user","content":[["text","{long}"]]}}]}}"#);
+        let chat = ChatBody::parse(body.as_bytes()).unwrap();
+        assert_eq!(chat.total_chars(), 0, "an array part is not a text part");
+    }
+
+    #[test]
+    fn custom_tool_call_input_counts_as_fixed_chars() {
+        let body = json!({"messages": [
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c", "type": "custom", "custom": {"name": "sh", "input": "ls -la"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        ]});
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let m = ChatBody::parse(&bytes)
+            .unwrap()
+            .engine_messages(&policy(1, 0));
+        assert_eq!(m[0].fixed_chars, 2 + 6);
+        assert_eq!(m[0].group, m[1].group);
     }
 
     #[test]
