@@ -87,7 +87,7 @@ async fn main() {
     let config = "[cache]\nmax_bytes = 0\n[policies.small]\nbudget_chars = 20000\nkeep_roles = [\"system\"]\n[[routes]]\npath = \"/small/v1/chat/completions\"\npolicy = \"small\"\n[[routes]]\npath = \"/v1/chat/completions\"\npolicy = \"default\"";
     let proxy = TestProxy::start(config, &upstream.url()).await;
     let cached = TestProxy::start(
-        &config.replace("max_bytes = 0", "max_bytes = 268435456"),
+        &config.replace("max_bytes = 0", "max_bytes = 67108864"),
         &upstream.url(),
     )
     .await;

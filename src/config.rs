@@ -101,7 +101,7 @@ pub struct CacheConfig {
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            max_bytes: 256 * 1024 * 1024,
+            max_bytes: 64 * 1024 * 1024,
         }
     }
 }
