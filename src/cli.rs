@@ -267,6 +267,19 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
                         "upstream.ca_file",
                         runtime.config.upstream.ca_file != current.config.upstream.ca_file,
                     ),
+                    (
+                        "cache.max_bytes",
+                        runtime.config.cache.max_bytes != current.config.cache.max_bytes,
+                    ),
+                    (
+                        "server.shutdown_grace_secs",
+                        runtime.config.server.shutdown_grace_secs
+                            != current.config.server.shutdown_grace_secs,
+                    ),
+                    (
+                        "server.log_format",
+                        runtime.config.server.log_format != current.config.server.log_format,
+                    ),
                 ];
                 for (key, changed) in restart_only {
                     if changed {

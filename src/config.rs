@@ -270,16 +270,16 @@ pub fn load(
     if let Some(url) = &overrides.upstream {
         figment = figment.merge(("upstream.url", url));
     }
-    let merged: Value = figment.extract().map_err(|e| {
-        ConfigErrors(
-            e.into_iter()
-                .map(|e| ConfigProblem {
-                    path: e.path.join("."),
-                    message: e.kind.to_string(),
-                })
-                .collect(),
-        )
-    })?;
+    let merged: Value = match figment.extract() {
+        Ok(merged) => merged,
+        Err(e) => {
+            problems.extend(e.into_iter().map(|e| ConfigProblem {
+                path: e.path.join("."),
+                message: e.kind.to_string(),
+            }));
+            return Err(ConfigErrors(problems));
+        }
+    };
     match from_value(&merged) {
         Ok(config) if problems.is_empty() => Ok(config),
         Ok(_) => Err(ConfigErrors(problems)),
@@ -293,8 +293,11 @@ pub fn load(
 /// The `COMPACTION_PROXY_<SECTION>__<KEY>` layer. Figment's own `Env` reads
 /// the live process environment; taking the pairs as an argument lets tests
 /// (and reloads) pass a snapshot instead of mutating global state.
-/// A variable that names no section is a problem reported by its own name,
-/// so the user sees where it came from.
+/// Only `<SECTION>__<KEY>` variables are settings. Others with the prefix
+/// but no `__` are ignored: Kubernetes injects `COMPACTION_PROXY_SERVICE_HOST`,
+/// `COMPACTION_PROXY_PORT` and the like for a Service of that name. A `__`
+/// variable naming no section is a problem reported by its own name, so
+/// the user sees where it came from.
 fn env_provider(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> (Serialized<Value>, Vec<ConfigProblem>) {
@@ -304,6 +307,9 @@ fn env_provider(
         let Some(rest) = key.strip_prefix(ENV_PREFIX) else {
             continue;
         };
+        if !rest.contains("__") {
+            continue;
+        }
         let parts: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
         if parts.len() < 2
             || parts.iter().any(|p| p.is_empty())
@@ -576,7 +582,7 @@ mod tests {
     #[test]
     fn environment_variables_that_name_no_setting_are_reported_by_name() {
         let env = [
-            ("COMPACTION_PROXY_REQUIRE_SDK", "1"),
+            ("COMPACTION_PROXY_SERVR__LISTEN", "x"),
             ("COMPACTION_PROXY_SERVER__LISTN", "x"),
             ("OTHER_VAR", "1"),
         ];
@@ -584,9 +590,26 @@ mod tests {
         let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(
             paths,
-            ["COMPACTION_PROXY_REQUIRE_SDK", "server.listn"],
+            ["COMPACTION_PROXY_SERVR__LISTEN", "server.listn"],
             "{err}"
         );
+    }
+
+    #[test]
+    fn kubernetes_service_link_variables_are_ignored() {
+        let env = [
+            ("COMPACTION_PROXY_SERVICE_HOST", "10.0.0.1"),
+            ("COMPACTION_PROXY_PORT", "tcp://10.0.0.1:8080"),
+            ("COMPACTION_PROXY_PORT_8080_TCP_ADDR", "10.0.0.1"),
+        ];
+        assert!(load_str("", &env).is_ok());
+    }
+
+    #[test]
+    fn environment_problems_survive_a_file_that_does_not_parse() {
+        let err = load_str("[server\n", &[("COMPACTION_PROXY_NOPE__X", "1")]).unwrap_err();
+        assert_eq!(err.0[0].path, "COMPACTION_PROXY_NOPE__X", "{err}");
+        assert!(err.0.len() >= 2, "the syntax error is reported too: {err}");
     }
 
     #[test]

@@ -290,6 +290,14 @@ fn parse_upstream(url: &str) -> Result<Uri, String> {
     if uri.query().is_some() {
         return Err(format!("{url:?} must not have a query"));
     }
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        // Never echo the URL: its userinfo is a credential.
+        return Err(
+            "must not carry credentials (user:password@): they would not be sent; \
+                    clients pass their own Authorization header through the proxy"
+                .to_owned(),
+        );
+    }
     Ok(uri)
 }
 
@@ -303,6 +311,15 @@ fn compile_policy(
     }
     if !(p.duplicate_threshold > 0.0 && p.duplicate_threshold <= 1.0) {
         problems.push(("duplicate_threshold", "must be in (0, 1]".to_owned()));
+    }
+    if p.keep_last_n == 0 {
+        // With nothing protected the drop stage may remove every message,
+        // and an empty `messages` array is a request the upstream refuses.
+        problems.push((
+            "keep_last_n",
+            "must be at least 1 in the proxy: the latest message is the one the model answers"
+                .to_owned(),
+        ));
     }
     if p.max_message_chars == 0 {
         problems.push(("max_message_chars", "must be at least 1".to_owned()));
@@ -441,6 +458,20 @@ mod tests {
         .unwrap_err();
         std::fs::remove_file(&empty).ok();
         assert!(err.0[0].message.contains("no PEM certificate"), "{err}");
+    }
+
+    #[test]
+    fn upstream_credentials_are_refused_without_echoing_them() {
+        let err =
+            runtime("[upstream]\nurl = \"https://user:s3cret@gw.example/openai\"").unwrap_err();
+        assert_eq!(err.0[0].path, "upstream.url");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn a_policy_must_keep_the_latest_message() {
+        let err = runtime("[policies.default]\nkeep_last_n = 0").unwrap_err();
+        assert_eq!(err.0[0].path, "policies.default.keep_last_n");
     }
 
     #[test]

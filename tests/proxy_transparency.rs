@@ -559,7 +559,7 @@ async fn array_content_is_trimmed_and_image_parts_untouched() {
 #[tokio::test]
 async fn unmatched_paths_pass_through_untouched() {
     let upstream = ok_upstream().await;
-    let proxy = TestProxy::start(&policy_toml("default", 10, 0, 5), &upstream.url()).await;
+    let proxy = TestProxy::start(&policy_toml("default", 10, 1, 5), &upstream.url()).await;
 
     let request = Request::get(proxy.url("/v1/models?limit=5"))
         .header("authorization", "Bearer sk-x")
@@ -586,7 +586,7 @@ async fn unmatched_paths_pass_through_untouched() {
 #[tokio::test]
 async fn invalid_json_is_forwarded_untouched_and_marked_skipped() {
     let upstream = ok_upstream().await;
-    let proxy = TestProxy::start(&policy_toml("default", 10, 0, 5), &upstream.url()).await;
+    let proxy = TestProxy::start(&policy_toml("default", 10, 1, 5), &upstream.url()).await;
     let body = r#"{"model": "m", "messages": [{"role": "user", "content": "unterminated"#;
     let answer = send(post_json(&proxy.url(CHAT), body)).await;
     assert_eq!(answer.status, 200);
@@ -601,7 +601,7 @@ async fn invalid_json_is_forwarded_untouched_and_marked_skipped() {
 #[tokio::test]
 async fn json_without_messages_is_forwarded_untouched_and_marked_skipped() {
     let upstream = ok_upstream().await;
-    let proxy = TestProxy::start(&policy_toml("default", 10, 0, 5), &upstream.url()).await;
+    let proxy = TestProxy::start(&policy_toml("default", 10, 1, 5), &upstream.url()).await;
     let body = r#"{"model": "m",  "prompt": "a long long long long prompt"}"#;
     let answer = send(post_json(&proxy.url(CHAT), body)).await;
     assert_eq!(answer.status, 200);
