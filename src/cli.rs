@@ -144,21 +144,25 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
         eprintln!("error: no policy named {name:?}");
         return Ok(ExitCode::FAILURE);
     };
+    // As the proxy decides: what cannot be compacted, and everything under a
+    // dry-run policy, is forwarded as it came.
     let chat = match ChatBody::parse(&input) {
         Ok(chat) => chat,
         Err(skip) => {
-            eprintln!("error: {skip}");
-            return Ok(ExitCode::FAILURE);
+            stdout.write_all(&input)?;
+            eprintln!("policy {name}: skipped; {}: {skip}", skip.reason());
+            return Ok(ExitCode::SUCCESS);
         }
     };
     let (report, rewritten) = chat.compact(&policy);
-    match rewritten {
+    match rewritten.filter(|_| !policy.dry_run) {
         Some(body) => stdout.write_all(body.as_bytes())?,
         None => stdout.write_all(&input)?,
     }
     let loss = LossSummary::from_report(&report);
     eprintln!(
-        "policy {name}: {} -> {} chars, {} -> {} messages ({} dropped, {} trimmed), retained {}, budget {}",
+        "policy {name}{}: {} -> {} chars, {} -> {} messages ({} dropped, {} trimmed), retained {}, budget {}",
+        if policy.dry_run { " (dry run, original printed)" } else { "" },
         loss.input_chars,
         loss.output_chars,
         loss.input_messages,

@@ -310,6 +310,32 @@ fn compact_prints_the_forwarded_chat_body_and_a_loss_summary() {
     assert!(stderr.contains("default"), "the policy is named: {stderr}");
 }
 
+#[test]
+fn compact_prints_what_the_proxy_would_forward_when_it_would_not_compact() {
+    // Under a dry-run policy the proxy forwards the original.
+    let config = config_file(&format!("{}dry_run = true\n", policy_toml(5000)));
+    let fixture = fixture("chat-200-messages.json");
+    let out = run_cli(&["compact", "--config", config.to_str().unwrap()], &fixture);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, fixture.to_vec());
+    assert!(
+        text(&out.stderr).contains("dry run"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A body the proxy skips is forwarded untouched: printed as it came.
+    let odd = br#"{"model": "m", "messages": [{"role": "critic", "content": "x"}]}"#;
+    let out = run_cli(&["compact"], odd);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, odd.to_vec());
+    assert!(
+        text(&out.stderr).contains("skipped; unsupported-message"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 // ---------------------------------------------------------------------------
 // check-config
 // ---------------------------------------------------------------------------

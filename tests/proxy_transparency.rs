@@ -845,3 +845,25 @@ async fn pin_patterns_keep_matching_messages() {
         .unwrap()
         .contains(&json!({"role": "user", "content": rule})));
 }
+
+#[tokio::test]
+async fn a_body_the_proxy_cannot_decode_is_forwarded_untouched_and_marked_skipped() {
+    let upstream = ok_upstream().await;
+    let proxy = TestProxy::start(&policy_toml("default", 10, 1, 5), &upstream.url()).await;
+    // Raw deflate without the zlib wrapper HTTP's "deflate" means: a common
+    // client mistake the upstream may still accept.
+    let garbled = Bytes::from_static(b"\x4b\xcc\x49\xca\x4f\x04\x00not zlib");
+    let mut request = post_json(&proxy.url(CHAT), garbled.clone());
+    request
+        .headers_mut()
+        .insert("content-encoding", "deflate".parse().unwrap());
+    let answer = send(request).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.header("x-compaction-status"),
+        Some("skipped; undecodable-body")
+    );
+    let received = upstream.last();
+    assert_eq!(received.body, garbled);
+    assert_eq!(received.headers["content-encoding"], "deflate");
+}

@@ -75,7 +75,7 @@ pub fn decode(body: &[u8], coding: Coding, limit: usize) -> Result<Bytes, ProxyE
     } else {
         "deflate"
     };
-    let mut out = Vec::with_capacity(body.len() * 4);
+    let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit + 1));
     reader
         .take(limit as u64 + 1)
         .read_to_end(&mut out)

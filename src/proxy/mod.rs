@@ -154,14 +154,19 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     } else {
         body::collect_limited(body, limit).await
     };
-    let coding = body::request_coding(&parts.headers);
-    let decoded = received.and_then(|raw| Ok((body::decode(&raw, coding, limit)?, raw)));
-    let (decoded, raw) = match decoded {
-        Ok(pair) => pair,
+    let raw = match received {
+        Ok(raw) => raw,
         Err(e) => return local_error(&state, e, Some(&resolution), event, started),
     };
-
-    let (status, outcome) = compact(&state, &resolution, &decoded, coding, &mut event);
+    let coding = body::request_coding(&parts.headers);
+    let (status, outcome) = match body::decode(&raw, coding, limit) {
+        Ok(decoded) => compact(&state, &resolution, &decoded, coding, &mut event),
+        Err(e @ ProxyError::BodyTooLarge { .. }) => {
+            return local_error(&state, e, Some(&resolution), event, started)
+        }
+        // Not ours to judge: the upstream may read what we cannot.
+        Err(_) => (Status::Skipped("undecodable-body"), None),
+    };
     let forwarded = match (&status, &outcome) {
         (Status::Compacted, Some(outcome)) => outcome.rewritten.clone(),
         _ => None,
