@@ -72,6 +72,16 @@ impl ProxyError {
         }
     }
 
+    /// The reason in `x-compaction-status: skipped; <reason>` when this
+    /// error refuses a request before anything is forwarded.
+    pub fn skip_reason(&self) -> &'static str {
+        match self {
+            ProxyError::BodyTooLarge { .. } => "body-too-large",
+            ProxyError::ClientBody(_) => "body-unreadable",
+            _ => "refused",
+        }
+    }
+
     pub fn is_client_error(&self) -> bool {
         self.status().is_client_error()
     }

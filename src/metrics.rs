@@ -22,8 +22,6 @@ pub enum Status {
     Skipped(&'static str),
     Bypassed,
     DryRun,
-    /// The proxy answered with an error of its own (413, 502, 504, ...).
-    Error,
 }
 
 impl Status {
@@ -35,7 +33,6 @@ impl Status {
             Status::Skipped(_) => "skipped",
             Status::Bypassed => "bypassed",
             Status::DryRun => "dry-run",
-            Status::Error => "error",
         }
     }
 
@@ -256,8 +253,41 @@ pub struct RequestEvent {
     pub upstream_seconds: Option<f64>,
     pub response_status: u16,
     pub total_seconds: f64,
-    /// The stream ended with an error (reset, idle timeout) instead of cleanly.
-    pub stream_error: Option<String>,
+    pub ending: Ending,
+}
+
+/// How a request ended, which sets the level of its log line: a client's
+/// mistake is a WARN, the upstream's or our failure an ERROR, a client
+/// leaving early is ordinary (INFO).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Ending {
+    /// The response went out whole.
+    #[default]
+    Complete,
+    /// The client left before the end.
+    ClientGone,
+    /// The upstream failed or fell silent in the middle of its response.
+    UpstreamFailed(String),
+    /// The proxy answered with an error of its own (413, 502, 504, ...).
+    Refused(String),
+}
+
+impl Ending {
+    fn label(&self) -> &'static str {
+        match self {
+            Ending::Complete => "complete",
+            Ending::ClientGone => "client-gone",
+            Ending::UpstreamFailed(_) => "upstream-failed",
+            Ending::Refused(_) => "refused",
+        }
+    }
+
+    fn detail(&self) -> Option<&str> {
+        match self {
+            Ending::UpstreamFailed(e) | Ending::Refused(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 impl RequestEvent {
@@ -276,7 +306,7 @@ impl RequestEvent {
             upstream_seconds: None,
             response_status: 0,
             total_seconds: 0.0,
-            stream_error: None,
+            ending: Ending::Complete,
         }
     }
 
@@ -327,7 +357,7 @@ impl RequestEvent {
         if let Some(code) = self.upstream_status {
             metrics
                 .upstream_responses
-                .with_label_values(&[&self.route, itoa(code).as_str()])
+                .with_label_values(&[self.route.as_str(), code.to_string().as_str()])
                 .inc();
         }
         if let Some(seconds) = self.upstream_seconds {
@@ -360,23 +390,18 @@ impl RequestEvent {
                     compaction_ms = self.compaction_seconds.map(|s| s * 1e3),
                     upstream_ms = self.upstream_seconds.map(|s| s * 1e3),
                     total_ms = self.total_seconds * 1e3,
-                    stream_error = self.stream_error.as_deref(),
+                    ending = self.ending.label(),
+                    error = self.ending.detail(),
                     "request"
                 )
             };
         }
-        if self.response_status >= 500 || self.stream_error.is_some() {
-            line!(error);
-        } else if self.response_status >= 400 && self.upstream_status.is_none() {
-            line!(warn);
-        } else {
-            line!(info);
+        match &self.ending {
+            Ending::Refused(_) if self.response_status < 500 => line!(warn),
+            Ending::Refused(_) | Ending::UpstreamFailed(_) => line!(error),
+            Ending::Complete | Ending::ClientGone => line!(info),
         }
     }
-}
-
-fn itoa(code: u16) -> String {
-    code.to_string()
 }
 
 #[cfg(test)]
@@ -409,7 +434,7 @@ mod tests {
             upstream_seconds: Some(0.2),
             response_status: 200,
             total_seconds: 0.2,
-            stream_error: None,
+            ending: Ending::Complete,
         };
         event.emit(&m);
         m.cache_lookup("p", false);

@@ -894,13 +894,16 @@ fn secrets_never_reach_the_logs_and_each_proxied_request_logs_one_line() {
 }
 
 #[test]
-fn completed_responses_are_logged_at_info_without_a_stream_error() {
+fn log_levels_follow_how_each_request_ended() {
     let rt = runtime();
     let upstream = rt.block_on(MockUpstream::start(Behavior::Json(
         200,
         json!({"ok": true}),
     )));
-    let config = config_file(&policy_toml(2500));
+    let config = config_file(&format!(
+        "{}[server]\nmax_body_bytes = 100000\n",
+        policy_toml(2500)
+    ));
     let mut proxy = Proc::start(
         &rt,
         &[
@@ -923,25 +926,45 @@ fn completed_responses_are_logged_at_info_without_a_stream_error() {
     let body =
         json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     rt.block_on(send(post_json(&chat, body.to_string())));
+    // A client's mistake: a body over the limit.
+    let answer = rt.block_on(send(post_json(&chat, "x".repeat(200_000))));
+    assert_eq!(answer.status, 413);
+    // A client that leaves before the upstream answers.
+    upstream.set_behavior(Behavior::SlowHeaders(Duration::from_millis(400)));
+    let gone = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_millis(100),
+            send(post_json(&chat, body.to_string())),
+        )
+        .await
+    });
+    assert!(gone.is_err(), "the client gave up first");
+    std::thread::sleep(Duration::from_millis(100));
     assert!(proxy.stop().success());
 
     let lines = request_lines(&proxy.stderr());
-    assert_eq!(lines.len(), 3, "{}", proxy.stderr());
-    let wrong: Vec<String> = lines
+    let seen: Vec<(String, String, String)> = lines
         .iter()
-        .filter(|l| !l["fields"]["stream_error"].is_null() || l["level"] != "INFO")
         .map(|l| {
-            format!(
-                "{} {} -> {} {}",
-                l["level"],
-                l["fields"]["path"],
-                l["fields"]["upstream_status"],
-                l["fields"]["stream_error"]
+            (
+                l["level"].as_str().unwrap_or_default().to_owned(),
+                l["fields"]["ending"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                l["fields"]["response_status"].to_string(),
             )
         })
         .collect();
-    assert!(
-        wrong.is_empty(),
-        "responses read to their end are logged as failed streams: {wrong:#?}"
-    );
+    let expected: Vec<(String, String, String)> = [
+        ("INFO", "complete", "200"),
+        ("INFO", "complete", "200"),
+        ("INFO", "complete", "200"),
+        ("WARN", "refused", "413"),
+        ("INFO", "client-gone", "0"),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(seen, expected, "{}", proxy.stderr());
 }

@@ -43,7 +43,9 @@ async fn unreachable_upstream_is_a_502_with_a_json_error() {
     assert_eq!(error_code(&answer), "upstream_unreachable");
     assert_eq!(answer.json()["error"]["type"], "proxy_error");
     assert_eq!(answer.header("x-compaction-policy"), Some("default"));
-    assert_eq!(answer.header("x-compaction-status"), Some("error"));
+    // The loss report still says what was done to the request.
+    assert_eq!(answer.header("x-compaction-status"), Some("unchanged"));
+    assert!(answer.header("x-compaction-input-chars").is_some());
 
     // An unmatched route fails the same way, without a loss report.
     let request = Request::get(proxy.url("/v1/models"))
@@ -90,6 +92,10 @@ async fn declared_oversized_body_is_a_413_and_nothing_is_forwarded() {
     assert_eq!(error_code(&answer), "body_too_large");
     assert_eq!(answer.json()["error"]["type"], "invalid_request_error");
     assert_eq!(answer.header("x-compaction-policy"), Some("default"));
+    assert_eq!(
+        answer.header("x-compaction-status"),
+        Some("skipped; body-too-large")
+    );
     assert!(
         upstream.received().is_empty(),
         "nothing reached the upstream"
@@ -150,4 +156,49 @@ async fn chunked_body_within_the_limit_is_forwarded() {
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-compaction-status"], "unchanged");
     assert_eq!(upstream.last().body, Bytes::from(body));
+}
+
+/// A request body that arrives in pieces, `gap` apart.
+struct SlowBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for SlowBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|piece| piece.map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
+
+#[tokio::test]
+async fn a_slow_upload_is_not_a_silent_upstream() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[upstream]\nresponse_header_timeout_secs = 0.3",
+        &upstream.url(),
+    )
+    .await;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        for piece in ["part one, ", "part two, ", "part three, ", "the end"] {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let _ = tx.send(Bytes::from(piece)).await;
+        }
+    });
+    // 600 ms of upload on an unmatched route (streamed, like a file upload).
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<SlowBody>();
+    let request = Request::post(proxy.url("/v1/files"))
+        .body(SlowBody(rx))
+        .unwrap();
+    let response = client.request(request).await.expect("the proxy answers");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        upstream.last().body,
+        Bytes::from("part one, part two, part three, the end")
+    );
 }

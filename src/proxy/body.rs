@@ -89,6 +89,48 @@ pub fn decode(body: &[u8], coding: Coding, limit: usize) -> Result<Bytes, ProxyE
     Ok(out.into())
 }
 
+/// Wraps a request body so `sent` resolves once its last frame has been
+/// read (or the body is dropped): the upstream's answer is owed from then.
+pub fn signal_end(body: ProxyBody) -> (ProxyBody, tokio::sync::oneshot::Receiver<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let body = EndSignal {
+        inner: body,
+        tx: Some(tx),
+    };
+    (body.boxed_unsync(), rx)
+}
+
+struct EndSignal {
+    inner: ProxyBody,
+    tx: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Body for EndSignal {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            if let Some(tx) = self.tx.take() {
+                let _ = tx.send(());
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// How a watched response body ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BodyEnd {

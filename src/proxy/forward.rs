@@ -58,7 +58,8 @@ impl Upstream {
     }
 
     /// Sends `request`; 502 when the upstream cannot be reached or fails
-    /// before answering, 504 when its headers take longer than `header_timeout`.
+    /// before answering, 504 when its headers take longer than
+    /// `header_timeout` after the request body has gone out.
     /// Dropping the returned future (a client that left) cancels the request.
     pub async fn send(
         &self,
@@ -70,10 +71,18 @@ impl Upstream {
         } else {
             &self.client
         };
-        match tokio::time::timeout(header_timeout, client.request(request)).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(ProxyError::UpstreamUnreachable(describe(&e))),
-            Err(_) => Err(ProxyError::UpstreamTimeout(header_timeout.as_secs_f64())),
+        // The deadline runs from the end of the request body: a slow upload
+        // (a file, audio) is not a silent upstream.
+        let (parts, body) = request.into_parts();
+        let (body, sent) = super::body::signal_end(body);
+        let response = client.request(Request::from_parts(parts, body));
+        let deadline = async move {
+            let _ = sent.await;
+            tokio::time::sleep(header_timeout).await;
+        };
+        tokio::select! {
+            answered = response => answered.map_err(|e| ProxyError::UpstreamUnreachable(describe(&e))),
+            () = deadline => Err(ProxyError::UpstreamTimeout(header_timeout.as_secs_f64())),
         }
     }
 }

@@ -38,9 +38,9 @@ use hyper::upgrade::OnUpgrade;
 
 use crate::cache::{CompactionCache, Outcome};
 use crate::error::ProxyError;
-use crate::metrics::{LossSummary, Metrics, RequestEvent, Status};
+use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
 use crate::openai::ChatBody;
-use crate::policy::{Resolution, Runtime};
+use crate::policy::{CompiledPolicy, Resolution, Runtime};
 use body::{BodyEnd, Coding, ProxyBody};
 use forward::Upstream;
 
@@ -95,28 +95,21 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         Ok(answered) => return answered,
         Err(request) => request,
     };
-    let started = Instant::now();
     let runtime = state.runtime();
-    let mut event = RequestEvent::new(request.method().clone(), request.uri().path().to_owned());
+    let mut record = Recorder::new(
+        state.clone(),
+        RequestEvent::new(request.method().clone(), request.uri().path().to_owned()),
+    );
 
     let Some(resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
         let (parts, body) = request.into_parts();
-        return forward(
-            &state,
-            &runtime,
-            parts,
-            streamed(body),
-            None,
-            event,
-            started,
-        )
-        .await;
+        return forward(&state, &runtime, parts, streamed(body), None, record).await;
     };
-    event.route = resolution.route.clone();
-    event.policy = Some(resolution.policy.name.clone());
-    event.tenant = resolution.tenant.clone();
+    record.route = resolution.route.clone();
+    record.policy = Some(resolution.policy.name.clone());
+    record.tenant = resolution.tenant.clone();
 
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     // Requests that are not compacted keep their body streaming.
     let untouched = if parts.method != Method::POST {
         Some(Status::Skipped("not-post"))
@@ -137,8 +130,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             parts,
             streamed(body),
             Some(verdict),
-            event,
-            started,
+            record,
         )
         .await;
     }
@@ -156,24 +148,17 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     };
     let raw = match received {
         Ok(raw) => raw,
-        Err(e) => return local_error(&state, e, Some(&resolution), event, started),
+        Err(e) => return refuse(e, Some(&resolution), record),
     };
     let coding = body::request_coding(&parts.headers);
     let (status, outcome) = match body::decode(&raw, coding, limit) {
-        Ok(decoded) => compact(&state, &resolution, &decoded, coding, &mut event),
-        Err(e @ ProxyError::BodyTooLarge { .. }) => {
-            return local_error(&state, e, Some(&resolution), event, started)
-        }
+        Ok(decoded) => compact(&state, &resolution, decoded, coding, &mut record).await,
+        Err(e @ ProxyError::BodyTooLarge { .. }) => return refuse(e, Some(&resolution), record),
         // Not ours to judge: the upstream may read what we cannot.
         Err(_) => (Status::Skipped("undecodable-body"), None),
     };
-    let forwarded = match (&status, &outcome) {
-        (Status::Compacted, Some(outcome)) => outcome.rewritten.clone(),
-        _ => None,
-    };
-    let mut parts = parts;
-    let body = match forwarded {
-        Some(rewritten) => {
+    let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
+        Some(rewritten) if status == Status::Compacted => {
             // The rewritten body is plain JSON whatever the client sent.
             parts.headers.remove(header::CONTENT_ENCODING);
             parts
@@ -181,10 +166,10 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
             rewritten
         }
-        None => raw,
+        _ => raw,
     };
     let loss = outcome.map(|o| o.loss);
-    event.loss = loss;
+    record.loss = loss;
     let verdict = Verdict {
         resolution,
         status,
@@ -196,8 +181,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         parts,
         body::full(body),
         Some(verdict),
-        event,
-        started,
+        record,
     )
     .await
 }
@@ -209,51 +193,46 @@ fn streamed(body: Incoming) -> ProxyBody {
 
 /// Step 5: decides what to forward. Returns the status and, when the engine
 /// ran, its outcome (from the cache when the same body was seen before).
-fn compact(
+/// Parsing and compaction run on the blocking pool: a large body costs
+/// milliseconds of CPU that must not stall the streams sharing a worker.
+async fn compact(
     state: &AppState,
     resolution: &Resolution,
-    decoded: &Bytes,
+    decoded: Bytes,
     coding: Coding,
-    event: &mut RequestEvent,
+    record: &mut Recorder,
 ) -> (Status, Option<Arc<Outcome>>) {
     if coding == Coding::Unsupported {
         return (Status::Skipped("unsupported-encoding"), None);
     }
-    let policy = &resolution.policy;
+    let policy = resolution.policy.clone();
     let started = Instant::now();
-    let outcome = match state.cache.get(policy.id, decoded) {
+    let outcome = match state.cache.get(policy.id, &decoded) {
         Some(hit) => {
             state.metrics.cache_lookup(&policy.name, true);
             hit
         }
         None => {
-            let chat = match ChatBody::parse(decoded) {
-                Ok(chat) => chat,
-                Err(skip) => return (Status::Skipped(skip.reason()), None),
+            let input = decoded.clone();
+            let engine_policy = policy.clone();
+            let computed =
+                tokio::task::spawn_blocking(move || compute(&input, &engine_policy)).await;
+            let outcome = match computed {
+                Ok(Ok(outcome)) => Arc::new(outcome),
+                Ok(Err(skip)) => return (Status::Skipped(skip.reason()), None),
+                Err(e) => {
+                    // A bug in the engine must not fail the request: forward it as it came.
+                    tracing::error!(error = %e, "compaction failed; forwarding the original");
+                    return (Status::Skipped("internal-error"), None);
+                }
             };
+            // A miss is a compaction computed: bodies skipped above are neither.
             state.metrics.cache_lookup(&policy.name, false);
-            let total = chat.total_chars();
-            if total <= policy.engine.budget_chars {
-                // Fits: the engine would change nothing, so skip it (and
-                // keep the cache for bodies that cost something).
-                Arc::new(Outcome {
-                    loss: LossSummary::unchanged(total, chat.len()),
-                    rewritten: None,
-                })
-            } else {
-                let (report, rewritten) = chat.compact(policy);
-                let outcome = Arc::new(Outcome {
-                    loss: LossSummary::from_report(&report),
-                    rewritten: rewritten.map(Bytes::from),
-                });
-                state
-                    .cache
-                    .insert(policy.id, decoded.clone(), outcome.clone());
-                outcome
-            }
+            state.cache.insert(policy.id, decoded, outcome.clone());
+            outcome
         }
     };
-    event.compaction_seconds = Some(started.elapsed().as_secs_f64());
+    record.compaction_seconds = Some(started.elapsed().as_secs_f64());
     let status = if policy.dry_run {
         Status::DryRun
     } else if outcome.rewritten.is_some() {
@@ -264,11 +243,82 @@ fn compact(
     (status, Some(outcome))
 }
 
+/// Parses a body and compacts it; a body within its budget skips the
+/// engine, which would change nothing.
+fn compute(decoded: &[u8], policy: &CompiledPolicy) -> Result<Outcome, crate::openai::Skip> {
+    let chat = ChatBody::parse(decoded)?;
+    let total = chat.total_chars();
+    if total <= policy.engine.budget_chars {
+        return Ok(Outcome {
+            loss: LossSummary::unchanged(total, chat.len()),
+            rewritten: None,
+        });
+    }
+    let (report, rewritten) = chat.compact(policy);
+    Ok(Outcome {
+        loss: LossSummary::from_report(&report),
+        rewritten: rewritten.map(Bytes::from),
+    })
+}
+
 /// What the loss report headers of a matched route's response say.
 struct Verdict {
     resolution: Resolution,
     status: Status,
     loss: Option<LossSummary>,
+}
+
+/// Carries a request's event to its one emission. Dropped unfinished (the
+/// client left before the response went out, and hyper dropped the
+/// handler), it records the request as `ClientGone`.
+struct Recorder {
+    state: Arc<AppState>,
+    event: RequestEvent,
+    started: Instant,
+    done: bool,
+}
+
+impl Recorder {
+    fn new(state: Arc<AppState>, event: RequestEvent) -> Self {
+        Recorder {
+            state,
+            event,
+            started: Instant::now(),
+            done: false,
+        }
+    }
+
+    fn finish(mut self, ending: Ending) {
+        self.emit(ending);
+    }
+
+    fn emit(&mut self, ending: Ending) {
+        self.done = true;
+        self.event.ending = ending;
+        self.event.total_seconds = self.started.elapsed().as_secs_f64();
+        self.event.emit(&self.state.metrics);
+    }
+}
+
+impl std::ops::Deref for Recorder {
+    type Target = RequestEvent;
+    fn deref(&self) -> &RequestEvent {
+        &self.event
+    }
+}
+
+impl std::ops::DerefMut for Recorder {
+    fn deref_mut(&mut self) -> &mut RequestEvent {
+        &mut self.event
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if !self.done {
+            self.emit(Ending::ClientGone);
+        }
+    }
 }
 
 /// Steps 6-8: forwards the request and streams the response back.
@@ -278,11 +328,10 @@ async fn forward(
     mut parts: http::request::Parts,
     body: ProxyBody,
     verdict: Option<Verdict>,
-    mut event: RequestEvent,
-    started: Instant,
+    mut record: Recorder,
 ) -> Response<ProxyBody> {
     if let Some(verdict) = &verdict {
-        event.status = Some(verdict.status);
+        record.status = Some(verdict.status);
     }
     let path_and_query = parts
         .uri
@@ -312,13 +361,19 @@ async fn forward(
     {
         Ok(response) => response,
         Err(e) => {
-            return local_error(
-                state,
-                e,
-                verdict.as_ref().map(|v| &v.resolution),
-                event,
-                started,
-            );
+            // The loss report still says what was done to the request.
+            let (mut response, ending) = error_response(&e);
+            if let Some(v) = &verdict {
+                headers::write_loss_report(
+                    response.headers_mut(),
+                    v.status,
+                    &v.resolution.policy.name,
+                    v.loss.as_ref(),
+                );
+            }
+            record.response_status = response.status().as_u16();
+            record.finish(ending);
+            return response;
         }
     };
 
@@ -342,19 +397,16 @@ async fn forward(
             v.loss.as_ref(),
         );
     }
-    event.upstream_status = Some(parts.status.as_u16());
-    event.response_status = parts.status.as_u16();
+    record.upstream_status = Some(parts.status.as_u16());
+    record.response_status = parts.status.as_u16();
 
-    let state = state.clone();
     let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {
-        event.upstream_seconds = Some(sent.elapsed().as_secs_f64());
-        event.total_seconds = started.elapsed().as_secs_f64();
-        match end {
-            BodyEnd::Complete => {}
-            BodyEnd::Failed(e) => event.stream_error = Some(e),
-            BodyEnd::Abandoned => event.stream_error = Some("client went away".into()),
-        }
-        event.emit(&state.metrics);
+        record.upstream_seconds = Some(sent.elapsed().as_secs_f64());
+        record.finish(match end {
+            BodyEnd::Complete => Ending::Complete,
+            BodyEnd::Failed(e) => Ending::UpstreamFailed(e),
+            BodyEnd::Abandoned => Ending::ClientGone,
+        });
     });
     Response::from_parts(parts, watched.boxed_unsync())
 }
@@ -374,27 +426,33 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
     }
 }
 
-/// Answers with the proxy's own error, recording it.
-fn local_error(
-    state: &AppState,
+/// The proxy's own answer to `error`, and how it ends the request.
+fn error_response(error: &ProxyError) -> (Response<ProxyBody>, Ending) {
+    let (parts, body) = error.to_response().into_parts();
+    (
+        Response::from_parts(parts, body::full(body)),
+        Ending::Refused(error.to_string()),
+    )
+}
+
+/// Refuses a request on a matched route before anything is forwarded.
+fn refuse(
     error: ProxyError,
     resolution: Option<&Resolution>,
-    mut event: RequestEvent,
-    started: Instant,
+    mut record: Recorder,
 ) -> Response<ProxyBody> {
-    let (mut parts, body) = error.to_response().into_parts();
+    let (mut response, ending) = error_response(&error);
     if let Some(resolution) = resolution {
-        event.status = Some(Status::Error);
+        let status = Status::Skipped(error.skip_reason());
+        record.status = Some(status);
         headers::write_loss_report(
-            &mut parts.headers,
-            Status::Error,
+            response.headers_mut(),
+            status,
             &resolution.policy.name,
             None,
         );
     }
-    event.response_status = parts.status.as_u16();
-    event.total_seconds = started.elapsed().as_secs_f64();
-    event.stream_error = Some(error.to_string());
-    event.emit(&state.metrics);
-    Response::from_parts(parts, body::full(body))
+    record.response_status = response.status().as_u16();
+    record.finish(ending);
+    response
 }
