@@ -17,9 +17,19 @@ use super::score::Scores;
 use super::text::jaccard_at_least;
 use super::{round_to, DedupeRule, DedupeStage, Duplicate, Policy, Role, Working, DEDUPE_METHOD};
 
+/// Candidate entries the stage may visit in one run. A conversation the
+/// memory-compact API accepts (at most 200 messages of 8,000 chars) stays
+/// below it whatever its words, so that API always gets the spec's exact
+/// answer. Only a far larger conversation whose messages all share their
+/// words (tens of thousands of near-identical lines, which a client could
+/// send to burn CPU) reaches it; the stage then stops looking for further
+/// duplicates, and trim and drop meet the budget as usual.
+pub const MAX_CANDIDATE_VISITS: usize = 100_000_000;
+
 pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> DedupeStage {
     let threshold = policy.duplicate_threshold.max(f64::MIN_POSITIVE);
     let mut removed = Vec::new();
+    let mut visits = 0usize;
     if !work.fits() {
         let index = PrefixIndex::new(scores, threshold);
         let mut seen: FxHashMap<(Role, u32), Vec<usize>> = FxHashMap::default();
@@ -41,6 +51,10 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
                     if let Some(earlier) = seen.get(&(message.role, token)) {
                         candidates.extend_from_slice(earlier);
                     }
+                }
+                visits += candidates.len();
+                if visits > MAX_CANDIDATE_VISITS {
+                    break;
                 }
                 candidates.sort_unstable();
                 candidates.dedup();
@@ -130,7 +144,17 @@ fn prefix_len(len: usize, threshold: f64) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_len;
+    use super::{prefix_len, MAX_CANDIDATE_VISITS};
+
+    #[test]
+    fn the_visit_cap_is_out_of_reach_for_api_sized_conversations() {
+        // 200 messages, each of at most 8,000 chars so at most 4,000 distinct
+        // words; threshold 0.5 gives the longest prefixes. Each message's
+        // candidates are at most (its prefix) x (the earlier messages).
+        let longest_prefix = prefix_len(4000, 0.5);
+        let worst: usize = (0..200).map(|j| longest_prefix * j).sum();
+        assert!(worst < MAX_CANDIDATE_VISITS, "{worst}");
+    }
 
     #[test]
     fn prefix_covers_every_pair_at_the_threshold() {

@@ -6,6 +6,11 @@
 //! [`drop`]. Every stage stops as soon as the total fits the budget, so a
 //! conversation that already fits comes back untouched.
 //!
+//! Dedupe visits at most [`dedupe::MAX_CANDIDATE_VISITS`] candidates per
+//! run, far above what any conversation the memory-compact API accepts can
+//! need, so only a hostile or absurd input (tens of thousands of messages
+//! sharing their words) gets a bounded, not exhaustive, duplicate search.
+//!
 //! Two extensions serve the proxy and leave the spec's results unchanged for
 //! plain text conversations (both are zero/`None` there):
 //! - `fixed_chars`: chars that count toward the budget but are never cut
@@ -17,7 +22,7 @@
 //!   would orphan the others (they still count as the earlier message a
 //!   later ungrouped one duplicates).
 
-mod dedupe;
+pub mod dedupe;
 mod drop;
 mod pin;
 mod report;
