@@ -193,11 +193,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     tokio.block_on(async move {
         let listener = tokio::net::TcpListener::bind(runtime.listen).await?;
-        let grace = Duration::from_secs_f64(runtime.config.server.shutdown_grace_secs);
         tracing::info!(listen = %listener.local_addr()?, upstream = %runtime.upstream, "compaction-proxy listening");
         let state = AppState::new(runtime);
         tokio::spawn(reload_on_sighup(state.clone(), args, overrides));
-        proxy::server::serve(listener, state, shutdown_signal(), grace).await;
+        proxy::server::serve(listener, state, shutdown_signal()).await;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -274,11 +273,6 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
                     (
                         "cache.max_bytes",
                         runtime.config.cache.max_bytes != current.config.cache.max_bytes,
-                    ),
-                    (
-                        "server.shutdown_grace_secs",
-                        runtime.config.server.shutdown_grace_secs
-                            != current.config.server.shutdown_grace_secs,
                     ),
                     (
                         "server.log_format",

@@ -111,13 +111,22 @@ impl Runtime {
         if config.server.max_body_bytes == 0 {
             problem("server.max_body_bytes".into(), "must be at least 1".into());
         }
-        if !(config.server.shutdown_grace_secs >= 0.0
-            && config.server.shutdown_grace_secs.is_finite())
-        {
-            problem(
-                "server.shutdown_grace_secs".into(),
-                "must be a non-negative number".into(),
-            );
+        for (key, value) in [
+            (
+                "server.shutdown_delay_secs",
+                config.server.shutdown_delay_secs,
+            ),
+            (
+                "server.shutdown_grace_secs",
+                config.server.shutdown_grace_secs,
+            ),
+        ] {
+            if !(value >= 0.0 && value.is_finite()) {
+                problem(
+                    key.into(),
+                    "must be a non-negative number of seconds".into(),
+                );
+            }
         }
         for (key, value) in [
             (

@@ -69,3 +69,28 @@ async fn a_request_in_flight_keeps_the_policy_it_started_with() {
     assert_eq!(next.header("x-compaction-policy"), Some("second"));
     assert_eq!(next.header("x-compaction-status"), Some("unchanged"));
 }
+
+#[tokio::test]
+async fn shutdown_turns_readiness_off_before_closing_the_listener() {
+    let upstream = MockUpstream::start(Behavior::Json(200, serde_json::json!({"ok": true}))).await;
+    let mut proxy = TestProxy::start("[server]\nshutdown_delay_secs = 0.5", &upstream.url()).await;
+    let get = |path: &str| {
+        http::Request::get(proxy.url(path))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    assert_eq!(send(get("/readyz")).await.status, 200);
+    let (ready, health) = (get("/readyz"), get("/healthz"));
+
+    proxy.stop();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Still accepting, but no longer ready: load balancers drain the pod.
+    assert_eq!(send(ready).await.status, 503);
+    assert_eq!(send(health).await.status, 200);
+
+    let closed = wait_until(std::time::Duration::from_secs(3), || {
+        std::net::TcpStream::connect(proxy.addr).is_err()
+    })
+    .await;
+    assert!(closed, "the listener closes after the delay");
+}

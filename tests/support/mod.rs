@@ -370,14 +370,9 @@ impl TestProxy {
         let addr = listener.local_addr().unwrap();
         let state = AppState::new(runtime);
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(proxy::server::serve(
-            listener,
-            state.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-            Duration::from_secs(5),
-        ));
+        tokio::spawn(proxy::server::serve(listener, state.clone(), async move {
+            let _ = stopped.await;
+        }));
         TestProxy {
             addr,
             state,
