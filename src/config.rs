@@ -297,11 +297,10 @@ pub fn load(
 /// The `COMPACTION_PROXY_<SECTION>__<KEY>` layer. Figment's own `Env` reads
 /// the live process environment; taking the pairs as an argument lets tests
 /// (and reloads) pass a snapshot instead of mutating global state.
-/// Only `<SECTION>__<KEY>` variables are settings. Others with the prefix
-/// but no `__` are ignored: Kubernetes injects `COMPACTION_PROXY_SERVICE_HOST`,
-/// `COMPACTION_PROXY_PORT` and the like for a Service of that name. A `__`
-/// variable naming no section is a problem reported by its own name, so
-/// the user sees where it came from.
+/// Variables that name no setting are problems reported by their own name,
+/// so the user sees where they came from, except the ones Kubernetes
+/// injects for a Service whose name starts with `compaction-proxy`
+/// ([`is_service_link`]): those are not ours and are ignored.
 fn env_provider(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> (Serialized<Value>, Vec<ConfigProblem>) {
@@ -311,7 +310,7 @@ fn env_provider(
         let Some(rest) = key.strip_prefix(ENV_PREFIX) else {
             continue;
         };
-        if !rest.contains("__") {
+        if is_service_link(rest) {
             continue;
         }
         let parts: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
@@ -331,6 +330,21 @@ fn env_provider(
         insert_path(&mut root, &parts, env_value(&raw));
     }
     (Serialized::defaults(Value::Object(root)), problems)
+}
+
+/// Kubernetes' service-link variables, after the prefix: `SERVICE_HOST`,
+/// `SERVICE_PORT[_<NAME>]`, `PORT` and `PORT_<n>_<PROTO>[_PROTO|_PORT|_ADDR]`,
+/// possibly behind the rest of a longer Service name (`METRICS_SERVICE_HOST`).
+fn is_service_link(rest: &str) -> bool {
+    static SHAPE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    SHAPE
+        .get_or_init(|| {
+            regex::Regex::new(
+                r"^([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$",
+            )
+            .expect("a valid pattern")
+        })
+        .is_match(rest)
 }
 
 /// Environment values are strings; read them as TOML scalars or arrays when
@@ -603,10 +617,22 @@ mod tests {
     fn kubernetes_service_link_variables_are_ignored() {
         let env = [
             ("COMPACTION_PROXY_SERVICE_HOST", "10.0.0.1"),
+            ("COMPACTION_PROXY_SERVICE_PORT", "8080"),
+            ("COMPACTION_PROXY_SERVICE_PORT_HTTP", "8080"),
             ("COMPACTION_PROXY_PORT", "tcp://10.0.0.1:8080"),
+            ("COMPACTION_PROXY_PORT_8080_TCP", "tcp://10.0.0.1:8080"),
             ("COMPACTION_PROXY_PORT_8080_TCP_ADDR", "10.0.0.1"),
+            ("COMPACTION_PROXY_METRICS_SERVICE_HOST", "10.0.0.2"),
         ];
         assert!(load_str("", &env).is_ok());
+    }
+
+    #[test]
+    fn a_single_underscore_typo_is_reported_not_ignored() {
+        let env = [("COMPACTION_PROXY_UPSTREAM_URL", "http://vllm:8000")];
+        let err = load_str("", &env).unwrap_err();
+        assert_eq!(err.0[0].path, "COMPACTION_PROXY_UPSTREAM_URL", "{err}");
+        assert!(err.0[0].message.contains("<SECTION>__<KEY>"), "{err}");
     }
 
     #[test]

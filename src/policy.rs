@@ -285,27 +285,27 @@ fn read_roots(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
+/// Messages never quote the URL: its userinfo or query may be a credential.
 fn parse_upstream(url: &str) -> Result<Uri, String> {
     let uri: Uri = url
         .parse()
         .map_err(|e| format!("{e}: expected a URL such as https://api.openai.com"))?;
-    match uri.scheme_str() {
-        Some("http") | Some("https") => {}
-        _ => return Err(format!("{url:?} must start with http:// or https://")),
-    }
-    if uri.authority().is_none() {
-        return Err(format!("{url:?} has no host"));
-    }
-    if uri.query().is_some() {
-        return Err(format!("{url:?} must not have a query"));
-    }
     if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-        // Never echo the URL: its userinfo is a credential.
         return Err(
             "must not carry credentials (user:password@): they would not be sent; \
                     clients pass their own Authorization header through the proxy"
                 .to_owned(),
         );
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query (it would not be sent)".to_owned());
+    }
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err("must start with http:// or https://".to_owned()),
+    }
+    if uri.authority().is_none() {
+        return Err("has no host".to_owned());
     }
     Ok(uri)
 }
@@ -471,10 +471,16 @@ mod tests {
 
     #[test]
     fn upstream_credentials_are_refused_without_echoing_them() {
-        let err =
-            runtime("[upstream]\nurl = \"https://user:s3cret@gw.example/openai\"").unwrap_err();
-        assert_eq!(err.0[0].path, "upstream.url");
-        assert!(!err.to_string().contains("s3cret"), "{err}");
+        for url in [
+            "https://user:s3cret@gw.example/openai",
+            "https://user:s3cret@gw.example/?x=1",
+            "ftp://user:s3cret@gw.example/",
+            "https://gw.example/?api_key=s3cret",
+        ] {
+            let err = runtime(&format!("[upstream]\nurl = {url:?}")).unwrap_err();
+            assert_eq!(err.0[0].path, "upstream.url");
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+        }
     }
 
     #[test]
