@@ -29,6 +29,8 @@ pub enum ProxyError {
     UpstreamUnreachable(String),
     #[error("upstream sent no response headers within {0} seconds")]
     UpstreamTimeout(f64),
+    #[error("the request body stopped moving for {0} seconds (a stalled client, or an upstream no longer reading)")]
+    TransferStalled(f64),
     #[error("the proxy is shutting down")]
     ShuttingDown,
 }
@@ -43,7 +45,9 @@ impl ProxyError {
             ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
-            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -68,6 +72,7 @@ impl ProxyError {
             ProxyError::InvalidRequest(_) => "validation_failed",
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
+            ProxyError::TransferStalled(_) => "transfer_stalled",
             ProxyError::ShuttingDown => "shutting_down",
         }
     }

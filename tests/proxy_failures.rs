@@ -202,3 +202,33 @@ async fn a_slow_upload_is_not_a_silent_upstream() {
         Bytes::from("part one, part two, part three, the end")
     );
 }
+
+#[tokio::test]
+async fn an_upload_that_stops_moving_is_cut_off() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[upstream]\nresponse_header_timeout_secs = 0.3",
+        &upstream.url(),
+    )
+    .await;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(Bytes::from("the first part, then nothing"))
+        .await
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<SlowBody>();
+    let request = Request::post(proxy.url("/v1/files"))
+        .body(SlowBody(rx))
+        .unwrap();
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(3), client.request(request))
+        .await
+        .expect("the proxy does not hold the request forever")
+        .expect("the proxy answers");
+    assert_eq!(response.status(), 504);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "transfer_stalled");
+    drop(tx);
+}

@@ -4,6 +4,8 @@
 
 use std::io::Read;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -89,23 +91,62 @@ pub fn decode(body: &[u8], coding: Coding, limit: usize) -> Result<Bytes, ProxyE
     Ok(out.into())
 }
 
-/// Wraps a request body so `sent` resolves once its last frame has been
-/// read (or the body is dropped): the upstream's answer is owed from then.
-pub fn signal_end(body: ProxyBody) -> (ProxyBody, tokio::sync::oneshot::Receiver<()>) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let body = EndSignal {
+/// When a request body last moved, shared between the body (which hyper's
+/// client polls) and the deadline waiting for the upstream's answer.
+#[derive(Clone)]
+pub struct Progress(Arc<ProgressState>);
+
+struct ProgressState {
+    origin: Instant,
+    /// Nanoseconds after `origin` of the last frame read, or of the start.
+    last: AtomicU64,
+    ended: AtomicBool,
+}
+
+impl Progress {
+    fn touch(&self) {
+        let nanos = self.0.origin.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.0.last.store(nanos, Ordering::Relaxed);
+    }
+
+    /// When the body last moved.
+    pub fn last(&self) -> Instant {
+        self.0.origin + Duration::from_nanos(self.0.last.load(Ordering::Relaxed))
+    }
+
+    /// Whether the whole body has been read.
+    pub fn ended(&self) -> bool {
+        self.0.ended.load(Ordering::Relaxed)
+    }
+}
+
+/// The client's request body failed (it went away mid-upload): told apart
+/// from upstream failures in the client's error chain.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body failed: {0}")]
+pub struct ClientBodyError(BoxError);
+
+/// Wraps a request body to record its progress and mark its errors as the
+/// client's.
+pub fn track_progress(body: ProxyBody) -> (ProxyBody, Progress) {
+    let progress = Progress(Arc::new(ProgressState {
+        origin: Instant::now(),
+        last: AtomicU64::new(0),
+        ended: AtomicBool::new(false),
+    }));
+    let tracked = Tracked {
         inner: body,
-        tx: Some(tx),
+        progress: progress.clone(),
     };
-    (body.boxed_unsync(), rx)
+    (tracked.boxed_unsync(), progress)
 }
 
-struct EndSignal {
+struct Tracked {
     inner: ProxyBody,
-    tx: Option<tokio::sync::oneshot::Sender<()>>,
+    progress: Progress,
 }
 
-impl Body for EndSignal {
+impl Body for Tracked {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -114,9 +155,19 @@ impl Body for EndSignal {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
-            if let Some(tx) = self.tx.take() {
-                let _ = tx.send(());
+        match &polled {
+            Poll::Pending => {}
+            Poll::Ready(Some(Err(_))) => {
+                let Poll::Ready(Some(Err(e))) = polled else {
+                    unreachable!()
+                };
+                return Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))));
+            }
+            Poll::Ready(_) => {
+                self.progress.touch();
+                if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+                    self.progress.0.ended.store(true, Ordering::Relaxed);
+                }
             }
         }
         polled

@@ -58,8 +58,8 @@ impl Upstream {
     }
 
     /// Sends `request`; 502 when the upstream cannot be reached or fails
-    /// before answering, 504 when its headers take longer than
-    /// `header_timeout` after the request body has gone out.
+    /// before answering, 504 when nothing moves (no request body progress,
+    /// no response headers) for `header_timeout`.
     /// Dropping the returned future (a client that left) cancels the request.
     pub async fn send(
         &self,
@@ -71,20 +71,48 @@ impl Upstream {
         } else {
             &self.client
         };
-        // The deadline runs from the end of the request body: a slow upload
-        // (a file, audio) is not a silent upstream.
+        // The deadline counts from the last movement of the request body, so
+        // a slow upload (a file, audio) is not a silent upstream, while a
+        // body that stops moving (a stalled client, an upstream no longer
+        // reading) cannot hold the request forever.
         let (parts, body) = request.into_parts();
-        let (body, sent) = super::body::signal_end(body);
+        let (body, progress) = super::body::track_progress(body);
         let response = client.request(Request::from_parts(parts, body));
+        let watch = progress.clone();
         let deadline = async move {
-            let _ = sent.await;
-            tokio::time::sleep(header_timeout).await;
+            loop {
+                let due = watch.last() + header_timeout;
+                if tokio::time::Instant::now() >= due {
+                    return;
+                }
+                tokio::time::sleep_until(due).await;
+            }
         };
+        let seconds = header_timeout.as_secs_f64();
         tokio::select! {
-            answered = response => answered.map_err(|e| ProxyError::UpstreamUnreachable(describe(&e))),
-            () = deadline => Err(ProxyError::UpstreamTimeout(header_timeout.as_secs_f64())),
+            answered = response => answered.map_err(|e| match client_body_error(&e) {
+                Some(client) => ProxyError::ClientBody(client),
+                None => ProxyError::UpstreamUnreachable(describe(&e)),
+            }),
+            () = deadline => Err(if progress.ended() {
+                ProxyError::UpstreamTimeout(seconds)
+            } else {
+                ProxyError::TransferStalled(seconds)
+            }),
         }
     }
+}
+
+/// The client's own body failure, if that is what failed the request.
+fn client_body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source = Some(e);
+    while let Some(err) = source {
+        if let Some(client) = err.downcast_ref::<super::body::ClientBodyError>() {
+            return Some(client.to_string());
+        }
+        source = err.source();
+    }
+    None
 }
 
 /// The error chain as one line (the client's top error says little).

@@ -429,10 +429,12 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
 /// The proxy's own answer to `error`, and how it ends the request.
 fn error_response(error: &ProxyError) -> (Response<ProxyBody>, Ending) {
     let (parts, body) = error.to_response().into_parts();
-    (
-        Response::from_parts(parts, body::full(body)),
-        Ending::Refused(error.to_string()),
-    )
+    let ending = match error {
+        // Nobody reads this answer: the client left mid-upload.
+        ProxyError::ClientBody(_) => Ending::ClientGone,
+        e => Ending::Refused(e.to_string()),
+    };
+    (Response::from_parts(parts, body::full(body)), ending)
 }
 
 /// Refuses a request on a matched route before anything is forwarded.
