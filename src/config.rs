@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub listen: String,
     /// Decoded request bytes allowed on a compacted route.
     pub max_body_bytes: usize,
+    /// Bodies with more messages are forwarded uncompacted: the engine's
+    /// memory grows with the message count.
+    pub max_messages: usize,
     /// On SIGTERM, `/readyz` turns 503 and connections are still accepted
     /// this long before the listener closes (let load balancers catch up).
     pub shutdown_delay_secs: f64,
@@ -55,6 +58,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 16 * 1024 * 1024,
+            max_messages: 20_000,
             shutdown_delay_secs: 0.0,
             shutdown_grace_secs: 30.0,
             log_format: LogFormat::Text,

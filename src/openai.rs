@@ -37,6 +37,8 @@ pub enum Skip {
     NoMessages,
     #[error("message {0} has a form the proxy does not compact: {1}")]
     UnsupportedMessage(usize, &'static str),
+    #[error("the body has {0} messages, more than the {1} the proxy compacts")]
+    TooManyMessages(usize, usize),
 }
 
 impl Skip {
@@ -46,6 +48,7 @@ impl Skip {
             Skip::InvalidJson => "invalid-json",
             Skip::NoMessages => "no-messages",
             Skip::UnsupportedMessage(..) => "unsupported-message",
+            Skip::TooManyMessages(..) => "too-many-messages",
         }
     }
 }
@@ -172,6 +175,12 @@ fn span(outer: &str, inner: &str) -> Range<usize> {
 
 impl<'a> ChatBody<'a> {
     pub fn parse(body: &'a [u8]) -> Result<ChatBody<'a>, Skip> {
+        Self::parse_limited(body, usize::MAX)
+    }
+
+    /// Parses a body of at most `max_messages` messages. The count is known
+    /// before any message is read, so an absurd body costs little.
+    pub fn parse_limited(body: &'a [u8], max_messages: usize) -> Result<ChatBody<'a>, Skip> {
         let body = std::str::from_utf8(body).map_err(|_| Skip::InvalidJson)?;
         let top: TopFields = serde_json::from_str(body).map_err(|e| match e.classify() {
             serde_json::error::Category::Data => Skip::NoMessages,
@@ -185,6 +194,9 @@ impl<'a> ChatBody<'a> {
         let raw_messages = top.messages.ok_or(Skip::NoMessages)?;
         let items: Vec<&RawValue> =
             serde_json::from_str(raw_messages.get()).map_err(|_| Skip::NoMessages)?;
+        if items.len() > max_messages {
+            return Err(Skip::TooManyMessages(items.len(), max_messages));
+        }
 
         let mut messages = Vec::with_capacity(items.len());
         // tool_call id -> group of the assistant message that made the call

@@ -111,6 +111,9 @@ impl Runtime {
         if config.server.max_body_bytes == 0 {
             problem("server.max_body_bytes".into(), "must be at least 1".into());
         }
+        if config.server.max_messages == 0 {
+            problem("server.max_messages".into(), "must be at least 1".into());
+        }
         for (key, value) in [
             (
                 "server.shutdown_delay_secs",

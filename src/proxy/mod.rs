@@ -6,12 +6,13 @@
 //! 3. **route + policy** ([`crate::policy::Runtime::resolve`]): the first
 //!    matching route's policy, overridden by a configured tenant's.
 //!    Unmatched requests are forwarded untouched, body streamed.
-//! 4. **decode** ([`body`]): a POST on a matched route is collected up to
-//!    `max_body_bytes` (413 past it, nothing forwarded) and gzip/deflate is
-//!    decoded under the same cap.
-//! 5. **compact** ([`crate::openai`], [`crate::engine`], [`crate::cache`]):
-//!    `messages` is compacted under the policy; anything not compactable is
-//!    forwarded as received and marked `skipped`.
+//! 4. **collect** ([`body`]): a POST on a matched route is collected up to
+//!    `max_body_bytes` (413 past it, nothing forwarded); gzip/deflate is
+//!    decoded under the same cap in step 5.
+//! 5. **compact** ([`compact`], over [`crate::openai`], [`crate::engine`]
+//!    and [`crate::cache`]): `messages` is compacted under the policy on the
+//!    blocking pool; anything not compactable is forwarded as received and
+//!    marked `skipped`.
 //! 6. **forward** ([`forward`]): hop-by-hop headers stripped, Host set for
 //!    the upstream; 502 if unreachable, 504 without headers in time.
 //! 7. **stream back** ([`body::Watched`]): the response goes back frame by
@@ -22,6 +23,7 @@
 //!    ends, one event updates the metrics and writes the log line.
 
 pub mod body;
+mod compact;
 pub mod forward;
 pub mod headers;
 pub mod server;
@@ -30,18 +32,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
-use crate::cache::{CompactionCache, Outcome};
+use crate::cache::CompactionCache;
 use crate::error::ProxyError;
 use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
-use crate::openai::ChatBody;
-use crate::policy::{CompiledPolicy, Resolution, Runtime};
-use body::{BodyEnd, Coding, ProxyBody};
+use crate::policy::{Resolution, Runtime};
+use body::{BodyEnd, ProxyBody};
 use forward::Upstream;
 
 /// State shared by all requests. The runtime (config and policies) is
@@ -51,6 +51,8 @@ pub struct AppState {
     pub metrics: Metrics,
     pub cache: CompactionCache,
     upstream: Upstream,
+    /// One permit per core: compactions beyond that queue (see [`compact`]).
+    compactions: Arc<tokio::sync::Semaphore>,
     shutting_down: AtomicBool,
 }
 
@@ -63,6 +65,9 @@ impl AppState {
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
             upstream,
+            compactions: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
             shutting_down: AtomicBool::new(false),
         })
     }
@@ -151,12 +156,12 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         Err(e) => return refuse(e, Some(&resolution), record),
     };
     let coding = body::request_coding(&parts.headers);
-    let (status, outcome) = match body::decode(&raw, coding, limit) {
-        Ok(decoded) => compact(&state, &resolution, decoded, coding, &mut record).await,
-        Err(e @ ProxyError::BodyTooLarge { .. }) => return refuse(e, Some(&resolution), record),
-        // Not ours to judge: the upstream may read what we cannot.
-        Err(_) => (Status::Skipped("undecodable-body"), None),
+    let decided = match compact::decide(&state, &runtime, &resolution, raw.clone(), coding).await {
+        Ok(decided) => decided,
+        Err(e) => return refuse(e, Some(&resolution), record),
     };
+    record.compaction_seconds = decided.seconds;
+    let (status, outcome) = (decided.status, decided.outcome);
     let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
         Some(rewritten) if status == Status::Compacted => {
             // The rewritten body is plain JSON whatever the client sent.
@@ -189,76 +194,6 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
 /// A request body passed on as it arrives, never collected.
 fn streamed(body: Incoming) -> ProxyBody {
     body.map_err(Into::into).boxed_unsync()
-}
-
-/// Step 5: decides what to forward. Returns the status and, when the engine
-/// ran, its outcome (from the cache when the same body was seen before).
-/// Parsing and compaction run on the blocking pool: a large body costs
-/// milliseconds of CPU that must not stall the streams sharing a worker.
-async fn compact(
-    state: &AppState,
-    resolution: &Resolution,
-    decoded: Bytes,
-    coding: Coding,
-    record: &mut Recorder,
-) -> (Status, Option<Arc<Outcome>>) {
-    if coding == Coding::Unsupported {
-        return (Status::Skipped("unsupported-encoding"), None);
-    }
-    let policy = resolution.policy.clone();
-    let started = Instant::now();
-    let outcome = match state.cache.get(policy.id, &decoded) {
-        Some(hit) => {
-            state.metrics.cache_lookup(&policy.name, true);
-            hit
-        }
-        None => {
-            let input = decoded.clone();
-            let engine_policy = policy.clone();
-            let computed =
-                tokio::task::spawn_blocking(move || compute(&input, &engine_policy)).await;
-            let outcome = match computed {
-                Ok(Ok(outcome)) => Arc::new(outcome),
-                Ok(Err(skip)) => return (Status::Skipped(skip.reason()), None),
-                Err(e) => {
-                    // A bug in the engine must not fail the request: forward it as it came.
-                    tracing::error!(error = %e, "compaction failed; forwarding the original");
-                    return (Status::Skipped("internal-error"), None);
-                }
-            };
-            // A miss is a compaction computed: bodies skipped above are neither.
-            state.metrics.cache_lookup(&policy.name, false);
-            state.cache.insert(policy.id, decoded, outcome.clone());
-            outcome
-        }
-    };
-    record.compaction_seconds = Some(started.elapsed().as_secs_f64());
-    let status = if policy.dry_run {
-        Status::DryRun
-    } else if outcome.rewritten.is_some() {
-        Status::Compacted
-    } else {
-        Status::Unchanged
-    };
-    (status, Some(outcome))
-}
-
-/// Parses a body and compacts it; a body within its budget skips the
-/// engine, which would change nothing.
-fn compute(decoded: &[u8], policy: &CompiledPolicy) -> Result<Outcome, crate::openai::Skip> {
-    let chat = ChatBody::parse(decoded)?;
-    let total = chat.total_chars();
-    if total <= policy.engine.budget_chars {
-        return Ok(Outcome {
-            loss: LossSummary::unchanged(total, chat.len()),
-            rewritten: None,
-        });
-    }
-    let (report, rewritten) = chat.compact(policy);
-    Ok(Outcome {
-        loss: LossSummary::from_report(&report),
-        rewritten: rewritten.map(Bytes::from),
-    })
 }
 
 /// What the loss report headers of a matched route's response say.

@@ -1,0 +1,148 @@
+//! Step 5 of the pipeline: decide what to forward for a collected body on a
+//! matched route. Decoding, hashing for the cache and the engine all cost
+//! CPU in proportion to the body, so they run on the blocking pool, and at
+//! most one compaction per core runs at a time: a burst of large bodies
+//! queues instead of multiplying the proxy's memory.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::body::{self, Coding};
+use super::AppState;
+use crate::cache::Outcome;
+use crate::error::ProxyError;
+use crate::metrics::{LossSummary, Status};
+use crate::openai::ChatBody;
+use crate::policy::{CompiledPolicy, Resolution, Runtime};
+
+/// What to forward, and what the loss report says.
+pub(super) struct Decided {
+    pub status: Status,
+    /// The engine's (or the cache's) outcome, when the body was compactable.
+    pub outcome: Option<Arc<Outcome>>,
+    /// Time spent deciding, queueing excluded.
+    pub seconds: Option<f64>,
+}
+
+impl Decided {
+    fn skipped(reason: &'static str) -> Self {
+        Decided {
+            status: Status::Skipped(reason),
+            outcome: None,
+            seconds: None,
+        }
+    }
+}
+
+/// Why a body is not compacted.
+enum Decline {
+    /// Forward it as it came, marked `skipped; <reason>`.
+    Skip(&'static str),
+    /// Refuse it (only a body that decodes past the size limit).
+    Refuse(ProxyError),
+}
+
+/// Decides for one body; `Err` only when it must be refused (413).
+pub(super) async fn decide(
+    state: &Arc<AppState>,
+    runtime: &Runtime,
+    resolution: &Resolution,
+    raw: Bytes,
+    coding: Coding,
+) -> Result<Decided, ProxyError> {
+    if coding == Coding::Unsupported {
+        return Ok(Decided::skipped("unsupported-encoding"));
+    }
+    let permit = state
+        .compactions
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the compaction semaphore is never closed");
+    let limits = Limits {
+        body_bytes: runtime.config.server.max_body_bytes,
+        messages: runtime.config.server.max_messages,
+    };
+    let (task_state, policy) = (state.clone(), resolution.policy.clone());
+    let computed = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let started = Instant::now();
+        let result = compute(&task_state, &policy, &raw, coding, limits);
+        (result, started.elapsed().as_secs_f64())
+    })
+    .await;
+
+    let policy = &resolution.policy;
+    let ((outcome, hit), seconds) = match computed {
+        Ok((Ok(computed), seconds)) => (computed, seconds),
+        Ok((Err(Decline::Skip(reason)), _)) => return Ok(Decided::skipped(reason)),
+        Ok((Err(Decline::Refuse(e)), _)) => return Err(e),
+        Err(e) => {
+            // A bug in the engine must not fail the request: forward it as it came.
+            tracing::error!(error = %e, "compaction failed; forwarding the original");
+            return Ok(Decided::skipped("internal-error"));
+        }
+    };
+    state.metrics.cache_lookup(&policy.name, hit);
+    let status = if policy.dry_run {
+        Status::DryRun
+    } else if outcome.rewritten.is_some() {
+        Status::Compacted
+    } else {
+        Status::Unchanged
+    };
+    Ok(Decided {
+        status,
+        outcome: Some(outcome),
+        seconds: Some(seconds),
+    })
+}
+
+#[derive(Clone, Copy)]
+struct Limits {
+    body_bytes: usize,
+    messages: usize,
+}
+
+/// Decodes, looks up the cache, and compacts on a miss; the bool says
+/// whether the outcome came from the cache. Runs on the blocking pool.
+fn compute(
+    state: &AppState,
+    policy: &CompiledPolicy,
+    raw: &[u8],
+    coding: Coding,
+    limits: Limits,
+) -> Result<(Arc<Outcome>, bool), Decline> {
+    let decoded = match body::decode(raw, coding, limits.body_bytes) {
+        Ok(decoded) => decoded,
+        Err(e @ ProxyError::BodyTooLarge { .. }) => return Err(Decline::Refuse(e)),
+        // Not ours to judge: the upstream may read what we cannot.
+        Err(_) => return Err(Decline::Skip("undecodable-body")),
+    };
+    if let Some(hit) = state.cache.get(policy.id, &decoded) {
+        return Ok((hit, true));
+    }
+    let chat = ChatBody::parse_limited(&decoded, limits.messages)
+        .map_err(|skip| Decline::Skip(skip.reason()))?;
+    let total = chat.total_chars();
+    let outcome = if total <= policy.engine.budget_chars {
+        // Fits: the engine would change nothing.
+        Outcome {
+            loss: LossSummary::unchanged(total, chat.len()),
+            rewritten: None,
+        }
+    } else {
+        let (report, rewritten) = chat.compact(policy);
+        Outcome {
+            loss: LossSummary::from_report(&report),
+            rewritten: rewritten.map(Bytes::from),
+        }
+    };
+    let outcome = Arc::new(outcome);
+    // Inserted here, not after the await: work a departed client paid for
+    // still serves its retry.
+    state.cache.insert(policy.id, decoded, outcome.clone());
+    Ok((outcome, false))
+}
