@@ -894,6 +894,64 @@ fn secrets_never_reach_the_logs_and_each_proxied_request_logs_one_line() {
 }
 
 #[test]
+fn sigterm_lets_an_open_websocket_tunnel_finish() {
+    use std::io::{Read, Write};
+    let rt = runtime();
+    let upstream = rt.block_on(MockUpstream::start(Behavior::UpgradeEcho));
+    let config = config_file("[server]\nshutdown_grace_secs = 8\n");
+    let mut proxy = Proc::start(
+        &rt,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--upstream",
+            &upstream.url(),
+        ],
+        &[],
+    );
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    stream
+        .write_all(b"GET /v1/realtime HTTP/1.1\r\nHost: p\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", text(&head));
+    let echo = |stream: &mut std::net::TcpStream, message: &str| {
+        stream.write_all(message.as_bytes()).unwrap();
+        let mut back = vec![0u8; message.len()];
+        stream.read_exact(&mut back).unwrap();
+        text(&back)
+    };
+    assert_eq!(echo(&mut stream, "before"), "BEFORE");
+
+    proxy.signal("TERM");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(echo(&mut stream, "during the drain"), "DURING THE DRAIN");
+    assert!(
+        proxy.child.try_wait().unwrap().is_none(),
+        "the proxy waits for the tunnel"
+    );
+
+    drop(stream);
+    let status = proxy
+        .wait_exit(Duration::from_secs(5))
+        .expect("it exits once the tunnel closes");
+    assert!(status.success());
+    assert!(
+        proxy.stderr().contains("upgraded connection closed"),
+        "{}",
+        proxy.stderr()
+    );
+}
+
+#[test]
 fn log_levels_follow_how_each_request_ended() {
     let rt = runtime();
     let upstream = rt.block_on(MockUpstream::start(Behavior::Json(

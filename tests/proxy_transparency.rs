@@ -871,7 +871,10 @@ async fn a_body_the_proxy_cannot_decode_is_forwarded_untouched_and_marked_skippe
 #[tokio::test]
 async fn a_body_with_more_messages_than_the_limit_is_forwarded_untouched() {
     let upstream = ok_upstream().await;
-    let config = format!("[server]\nmax_messages = 3\n{}", policy_toml("default", 10, 1, 5));
+    let config = format!(
+        "[server]\nmax_messages = 3\n{}",
+        policy_toml("default", 10, 1, 5)
+    );
     let proxy = TestProxy::start(&config, &upstream.url()).await;
     let body = json!({"model": "m", "messages": wire_messages(&conversation())}).to_string();
     let answer = send(post_json(&proxy.url(CHAT), body.clone())).await;

@@ -28,7 +28,7 @@ pub mod forward;
 pub mod headers;
 pub mod server;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,10 @@ pub struct AppState {
     /// One permit per core: compactions beyond that queue (see [`compact`]).
     compactions: Arc<tokio::sync::Semaphore>,
     shutting_down: AtomicBool,
+    /// Upgraded connections (WebSocket) still open: hyper's graceful
+    /// shutdown no longer sees them, so the drain waits for them here.
+    open_tunnels: AtomicUsize,
+    tunnel_closed: tokio::sync::Notify,
 }
 
 impl AppState {
@@ -69,6 +73,8 @@ impl AppState {
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
             shutting_down: AtomicBool::new(false),
+            open_tunnels: AtomicUsize::new(0),
+            tunnel_closed: tokio::sync::Notify::new(),
         })
     }
 
@@ -91,6 +97,34 @@ impl AppState {
 
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Resolves once no upgraded connection is open.
+    pub async fn tunnels_closed(&self) {
+        loop {
+            let closed = self.tunnel_closed.notified();
+            if self.open_tunnels.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
+/// Counts one open tunnel for as long as it lives.
+struct TunnelGuard(Arc<AppState>);
+
+impl TunnelGuard {
+    fn open(state: &Arc<AppState>) -> Self {
+        state.open_tunnels.fetch_add(1, Ordering::AcqRel);
+        TunnelGuard(state.clone())
+    }
+}
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        self.0.open_tunnels.fetch_sub(1, Ordering::AcqRel);
+        self.0.tunnel_closed.notify_waiters();
     }
 }
 
@@ -314,7 +348,8 @@ async fn forward(
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let (Some(client), Some(_)) = (client_upgrade, &upgrade) {
-            tokio::spawn(tunnel(client, hyper::upgrade::on(&mut response)));
+            let guard = TunnelGuard::open(state);
+            tokio::spawn(tunnel(client, hyper::upgrade::on(&mut response), guard));
         }
     }
     let (mut parts, upstream_body) = response.into_parts();
@@ -348,13 +383,26 @@ async fn forward(
 
 /// Joins an upgraded client connection to the upgraded upstream one and
 /// copies bytes both ways until either side closes.
-async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
+async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, _open: TunnelGuard) {
+    let started = Instant::now();
     match tokio::try_join!(client, upstream) {
         Ok((client, upstream)) => {
             let mut client = hyper_util::rt::TokioIo::new(client);
             let mut upstream = hyper_util::rt::TokioIo::new(upstream);
-            if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-                tracing::debug!(error = %e, "upgraded connection ended with an error");
+            let copied = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            let seconds = started.elapsed().as_secs_f64();
+            match copied {
+                Ok((up, down)) => {
+                    tracing::info!(
+                        bytes_up = up,
+                        bytes_down = down,
+                        seconds,
+                        "upgraded connection closed"
+                    )
+                }
+                Err(e) => {
+                    tracing::info!(error = %e, seconds, "upgraded connection ended with an error")
+                }
             }
         }
         Err(e) => tracing::warn!(error = %e, "protocol upgrade failed"),

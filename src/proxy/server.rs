@@ -20,7 +20,8 @@ use super::AppState;
 ///    `server.shutdown_delay_secs`, so load balancers stop sending before
 ///    the door closes;
 /// 2. the listener closes;
-/// 3. requests and streams in flight get `server.shutdown_grace_secs` to end.
+/// 3. requests, streams and upgraded (WebSocket) connections in flight get
+///    `server.shutdown_grace_secs` to end.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -72,10 +73,11 @@ pub async fn serve(
         grace_secs = grace.as_secs_f64(),
         "listener closed: draining in-flight requests"
     );
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let drained = async {
+        graceful.shutdown().await;
+        state.tunnels_closed().await;
+    };
+    if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!("grace period over; closing the remaining connections");
     }
 }
