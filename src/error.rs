@@ -31,8 +31,6 @@ pub enum ProxyError {
     UpstreamTimeout(f64),
     #[error("the request body stopped moving for {0} seconds (a stalled client, or an upstream no longer reading)")]
     TransferStalled(f64),
-    #[error("the proxy is shutting down")]
-    ShuttingDown,
 }
 
 impl ProxyError {
@@ -48,7 +46,6 @@ impl ProxyError {
             ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
                 StatusCode::GATEWAY_TIMEOUT
             }
-            ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -73,7 +70,6 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::TransferStalled(_) => "transfer_stalled",
-            ProxyError::ShuttingDown => "shutting_down",
         }
     }
 

@@ -271,11 +271,6 @@ impl Runtime {
                     .map(Arc::new)
             })
     }
-
-    /// Configured tenant names (the bounded set of tenant labels).
-    pub fn tenant_names(&self) -> impl Iterator<Item = &str> {
-        self.tenants.keys().map(String::as_str)
-    }
 }
 
 fn read_roots(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
