@@ -154,23 +154,18 @@ impl Body for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Pending => {}
-            Poll::Ready(Some(Err(_))) => {
-                let Poll::Ready(Some(Err(e))) = polled else {
-                    unreachable!()
-                };
-                return Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))));
+        let polled = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                return Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))))
             }
-            Poll::Ready(_) => {
-                self.progress.touch();
-                if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
-                    self.progress.0.ended.store(true, Ordering::Relaxed);
-                }
-            }
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(frame) => frame,
+        };
+        self.progress.touch();
+        if polled.is_none() || self.inner.is_end_stream() {
+            self.progress.0.ended.store(true, Ordering::Relaxed);
         }
-        polled
+        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -18,14 +18,20 @@ pub const HOP_BY_HOP: [HeaderName; 9] = [
     HeaderName::from_static("proxy-connection"),
 ];
 
-/// Removes hop-by-hop headers and every header named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+/// The comma-separated tokens of every `Connection` header, trimmed.
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .map(str::trim)
+}
+
+/// Removes hop-by-hop headers and every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = connection_tokens(headers)
+        .filter_map(|name| HeaderName::try_from(name).ok())
         .collect();
     for name in HOP_BY_HOP.iter().chain(&named) {
         headers.remove(name);
@@ -35,13 +41,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// The protocol asked for (request) or agreed to (response) when the
 /// message is a protocol upgrade: `Connection: upgrade` and `Upgrade` set.
 pub fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
-    let connection_upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    connection_upgrade
+    connection_tokens(headers)
+        .any(|token| token.eq_ignore_ascii_case("upgrade"))
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten()
 }
@@ -50,10 +51,17 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
     upgrade_protocol(headers).is_some()
 }
 
-/// Puts back the two headers of an upgrade after hop-by-hop stripping.
-pub fn restore_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, protocol);
+/// [`strip_hop_by_hop`], except that a protocol upgrade keeps its two
+/// headers: the one hop-by-hop exchange a proxy carries on. Returns the
+/// protocol when the message is an upgrade.
+pub fn strip_hop_by_hop_keeping_upgrade(headers: &mut HeaderMap) -> Option<HeaderValue> {
+    let protocol = upgrade_protocol(headers);
+    strip_hop_by_hop(headers);
+    if let Some(protocol) = &protocol {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol.clone());
+    }
+    protocol
 }
 
 pub const STATUS: &str = "x-compaction-status";
@@ -157,6 +165,28 @@ mod tests {
         );
         strip_hop_by_hop(&mut h);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn an_upgrade_keeps_only_its_own_two_hop_by_hop_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Upgrade, x-hop"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        let protocol = strip_hop_by_hop_keeping_upgrade(&mut h);
+        assert_eq!(protocol, Some(HeaderValue::from_static("websocket")));
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h[header::UPGRADE], "websocket");
+
+        let mut plain = HeaderMap::new();
+        plain.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        assert_eq!(strip_hop_by_hop_keeping_upgrade(&mut plain), None);
+        assert!(plain.is_empty());
     }
 
     #[test]

@@ -237,6 +237,17 @@ struct Verdict {
     loss: Option<LossSummary>,
 }
 
+impl Verdict {
+    fn write_to(&self, headers: &mut http::HeaderMap) {
+        headers::write_loss_report(
+            headers,
+            self.status,
+            &self.resolution.policy.name,
+            self.loss.as_ref(),
+        );
+    }
+}
+
 /// Carries a request's event to its one emission. Dropped unfinished (the
 /// client left before the response went out, and hyper dropped the
 /// handler), it records the request as `ClientGone`.
@@ -309,14 +320,10 @@ async fn forward(
         .to_owned();
     parts.uri = forward::target(&runtime.upstream, &path_and_query);
     parts.version = http::Version::HTTP_11;
-    // A protocol upgrade (WebSocket) is the one hop-by-hop exchange a proxy
-    // carries on: both sides' connections are joined once the upstream agrees.
-    let upgrade = headers::upgrade_protocol(&parts.headers);
+    // A protocol upgrade (WebSocket): both sides' connections are joined
+    // once the upstream agrees.
     let client_upgrade = parts.extensions.remove::<OnUpgrade>();
-    headers::strip_hop_by_hop(&mut parts.headers);
-    if let Some(protocol) = &upgrade {
-        headers::restore_upgrade(&mut parts.headers, protocol.clone());
-    }
+    let upgrade = headers::strip_hop_by_hop_keeping_upgrade(&mut parts.headers);
     parts.headers.remove(header::HOST);
 
     let header_timeout =
@@ -333,12 +340,7 @@ async fn forward(
             // The loss report still says what was done to the request.
             let (mut response, ending) = error_response(&e);
             if let Some(v) = &verdict {
-                headers::write_loss_report(
-                    response.headers_mut(),
-                    v.status,
-                    &v.resolution.policy.name,
-                    v.loss.as_ref(),
-                );
+                v.write_to(response.headers_mut());
             }
             record.response_status = response.status().as_u16();
             record.finish(ending);
@@ -353,19 +355,13 @@ async fn forward(
         }
     }
     let (mut parts, upstream_body) = response.into_parts();
-    let upgraded = headers::upgrade_protocol(&parts.headers)
-        .filter(|_| parts.status == StatusCode::SWITCHING_PROTOCOLS);
-    headers::strip_hop_by_hop(&mut parts.headers);
-    if let Some(protocol) = upgraded {
-        headers::restore_upgrade(&mut parts.headers, protocol);
+    if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+        headers::strip_hop_by_hop_keeping_upgrade(&mut parts.headers);
+    } else {
+        headers::strip_hop_by_hop(&mut parts.headers);
     }
     if let Some(v) = &verdict {
-        headers::write_loss_report(
-            &mut parts.headers,
-            v.status,
-            &v.resolution.policy.name,
-            v.loss.as_ref(),
-        );
+        v.write_to(&mut parts.headers);
     }
     record.upstream_status = Some(parts.status.as_u16());
     record.response_status = parts.status.as_u16();
