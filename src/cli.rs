@@ -11,8 +11,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{self, ConfigErrors, LogFormat, Overrides};
 use crate::memory_compact;
-use crate::metrics::LossSummary;
-use crate::openai::ChatBody;
+use crate::metrics::Status;
 use crate::policy::Runtime;
 use crate::proxy::{self, AppState};
 
@@ -144,22 +143,25 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
         eprintln!("error: no policy named {name:?}");
         return Ok(ExitCode::FAILURE);
     };
-    // As the proxy decides: what cannot be compacted, and everything under a
-    // dry-run policy, is forwarded as it came.
-    let chat = match ChatBody::parse(&input) {
-        Ok(chat) => chat,
+    // As the proxy decides (same code): what cannot be compacted, and
+    // everything under a dry-run policy, is forwarded as it came.
+    let max_messages = runtime.config.server.max_messages;
+    let outcome = match proxy::compact::outcome_of(&input, &policy, max_messages) {
+        Ok(outcome) => outcome,
         Err(skip) => {
             stdout.write_all(&input)?;
             eprintln!("policy {name}: skipped; {}: {skip}", skip.reason());
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let (report, rewritten) = chat.compact(&policy);
-    match rewritten.filter(|_| !policy.dry_run) {
-        Some(body) => stdout.write_all(body.as_bytes())?,
-        None => stdout.write_all(&input)?,
+    match (
+        proxy::compact::status_of(&policy, &outcome),
+        &outcome.rewritten,
+    ) {
+        (Status::Compacted, Some(body)) => stdout.write_all(body)?,
+        _ => stdout.write_all(&input)?,
     }
-    let loss = LossSummary::from_report(&report);
+    let loss = outcome.loss;
     eprintln!(
         "policy {name}{}: {} -> {} chars, {} -> {} messages ({} dropped, {} trimmed), retained {}, budget {}",
         if policy.dry_run { " (dry run, original printed)" } else { "" },

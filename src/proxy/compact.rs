@@ -14,7 +14,7 @@ use super::AppState;
 use crate::cache::Outcome;
 use crate::error::ProxyError;
 use crate::metrics::{LossSummary, Status};
-use crate::openai::ChatBody;
+use crate::openai::{ChatBody, Skip};
 use crate::policy::{CompiledPolicy, Resolution, Runtime};
 
 /// What to forward, and what the loss report says.
@@ -86,15 +86,8 @@ pub(super) async fn decide(
         }
     };
     state.metrics.cache_lookup(&policy.name, hit);
-    let status = if policy.dry_run {
-        Status::DryRun
-    } else if outcome.rewritten.is_some() {
-        Status::Compacted
-    } else {
-        Status::Unchanged
-    };
     Ok(Decided {
-        status,
+        status: status_of(policy, &outcome),
         outcome: Some(outcome),
         seconds: Some(seconds),
     })
@@ -124,25 +117,45 @@ fn compute(
     if let Some(hit) = state.cache.get(policy.id, &decoded) {
         return Ok((hit, true));
     }
-    let chat = ChatBody::parse_limited(&decoded, limits.messages)
+    let outcome = outcome_of(&decoded, policy, limits.messages)
         .map_err(|skip| Decline::Skip(skip.reason()))?;
-    let total = chat.total_chars();
-    let outcome = if total <= policy.engine.budget_chars {
-        // Fits: the engine would change nothing.
-        Outcome {
-            loss: LossSummary::unchanged(total, chat.len()),
-            rewritten: None,
-        }
-    } else {
-        let (report, rewritten) = chat.compact(policy);
-        Outcome {
-            loss: LossSummary::from_report(&report),
-            rewritten: rewritten.map(Bytes::from),
-        }
-    };
     let outcome = Arc::new(outcome);
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
     state.cache.insert(policy.id, decoded, outcome.clone());
     Ok((outcome, false))
+}
+
+/// What compacting a decoded body under `policy` gives: the pure core of
+/// this step, which the offline `compact` command shares. A body within its
+/// budget skips the engine, which would change nothing.
+pub fn outcome_of(
+    decoded: &[u8],
+    policy: &CompiledPolicy,
+    max_messages: usize,
+) -> Result<Outcome, Skip> {
+    let chat = ChatBody::parse_limited(decoded, max_messages)?;
+    let total = chat.total_chars();
+    if total <= policy.engine.budget_chars {
+        return Ok(Outcome {
+            loss: LossSummary::unchanged(total, chat.len()),
+            rewritten: None,
+        });
+    }
+    let (report, rewritten) = chat.compact(policy);
+    Ok(Outcome {
+        loss: LossSummary::from_report(&report),
+        rewritten: rewritten.map(Bytes::from),
+    })
+}
+
+/// How a compactable body is reported; only `Compacted` forwards the rewrite.
+pub fn status_of(policy: &CompiledPolicy, outcome: &Outcome) -> Status {
+    if policy.dry_run {
+        Status::DryRun
+    } else if outcome.rewritten.is_some() {
+        Status::Compacted
+    } else {
+        Status::Unchanged
+    }
 }

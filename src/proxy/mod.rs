@@ -23,7 +23,7 @@
 //!    ends, one event updates the metrics and writes the log line.
 
 pub mod body;
-mod compact;
+pub mod compact;
 pub mod forward;
 pub mod headers;
 pub mod server;
