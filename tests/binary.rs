@@ -374,15 +374,23 @@ path = "/v1/responses"
 policy = "ghost"
 "#,
     );
+    assert_check_config_reports(
+        &config,
+        &[
+            "server.listn",
+            "policies.default.budget_chars",
+            "policies.strict.pin_patterns",
+            "routes[0].policy",
+        ],
+    );
+}
+
+/// `check-config` on `config` fails and names every one of `paths`.
+fn assert_check_config_reports(config: &std::path::Path, paths: &[&str]) {
     let out = run_cli(&["check-config", "--config", config.to_str().unwrap()], b"");
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
-    for path in [
-        "server.listn",
-        "policies.default.budget_chars",
-        "policies.strict.pin_patterns",
-        "routes[0].policy",
-    ] {
+    for path in paths {
         assert!(stderr.contains(path), "{path} not reported in:\n{stderr}");
     }
 }
@@ -404,17 +412,15 @@ policy = "ghost"
 acme = "phantom"
 "#,
     );
-    let out = run_cli(&["check-config", "--config", config.to_str().unwrap()], b"");
-    assert!(!out.status.success());
-    let stderr = text(&out.stderr);
-    for path in [
-        "policies.strict.budget_chars",
-        "policies.strict.pin_patterns",
-        "routes[0].policy",
-        "tenants.policies.acme",
-    ] {
-        assert!(stderr.contains(path), "{path} not reported in:\n{stderr}");
-    }
+    assert_check_config_reports(
+        &config,
+        &[
+            "policies.strict.budget_chars",
+            "policies.strict.pin_patterns",
+            "routes[0].policy",
+            "tenants.policies.acme",
+        ],
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -158,7 +158,8 @@ async fn chunked_body_within_the_limit_is_forwarded() {
     assert_eq!(upstream.last().body, Bytes::from(body));
 }
 
-/// A request body that arrives in pieces, `gap` apart.
+/// A request body that arrives in the pieces sent on its channel, when
+/// they are sent; it ends when the sender is dropped.
 struct SlowBody(tokio::sync::mpsc::Receiver<Bytes>);
 
 impl http_body::Body for SlowBody {

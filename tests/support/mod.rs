@@ -300,18 +300,27 @@ impl MockUpstream {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
                     drop(tx);
                 });
-                let stream = GuardedStream {
-                    rx,
-                    guard: CancelGuard {
-                        shared: self.shared.clone(),
-                        done: false,
-                    },
-                };
+                let stream = self.guarded(rx);
                 Response::builder()
                     .header("content-type", "text/event-stream")
                     .body(stream.boxed())
                     .unwrap()
             }
+        }
+    }
+
+    /// A response body from `rx` that records a cancellation if the proxy
+    /// drops it before its end.
+    fn guarded(
+        &self,
+        rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>,
+    ) -> GuardedStream {
+        GuardedStream {
+            rx,
+            guard: CancelGuard {
+                shared: self.shared.clone(),
+                done: false,
+            },
         }
     }
 
@@ -338,13 +347,7 @@ impl MockUpstream {
                     .await;
             }
         });
-        let stream = GuardedStream {
-            rx,
-            guard: CancelGuard {
-                shared: self.shared.clone(),
-                done: false,
-            },
-        };
+        let stream = self.guarded(rx);
         Response::builder()
             .header("content-type", "text/event-stream")
             .header("cache-control", "no-cache")
