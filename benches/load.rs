@@ -4,7 +4,7 @@
 //! difference is the proxy's overhead. Run: `cargo bench --bench load`.
 //! Each scenario stops by itself after `SECONDS`; traffic stays on loopback.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/integration/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

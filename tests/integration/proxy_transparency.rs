@@ -2,18 +2,16 @@
 //! `messages` compacted, and every answer to a matched route carries the loss
 //! report of INTERFACE.md.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::io::Write;
 
+use crate::support::*;
 use bytes::Bytes;
 use compaction_proxy::engine::{self, Message, Policy, Report, Role};
 use http::Request;
 use http_body_util::Full;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use support::*;
 
 const CHAT: &str = "/v1/chat/completions";
 

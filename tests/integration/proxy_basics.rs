@@ -1,8 +1,6 @@
 //! Smoke test of the harness: a compacted request reaches the mock upstream.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn compacted_messages_reach_the_upstream() {

@@ -2,15 +2,13 @@
 //! right status, carry the policy on matched routes, and an oversized body
 //! never reaches the upstream.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
-use support::*;
 
 const CHAT: &str = "/v1/chat/completions";
 

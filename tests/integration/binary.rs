@@ -6,21 +6,19 @@
 //! dropped, so a failing assertion never leaves a proxy running. Output goes
 //! to files (a trace log would fill a pipe nobody reads).
 
-mod support;
-
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use compaction_proxy::metrics::LossSummary;
 use compaction_proxy::openai::ChatBody;
 use http::Request;
 use http_body_util::Full;
 use serde_json::{json, Value};
-use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_compaction-proxy");
 
@@ -214,7 +212,7 @@ fn config_file(toml: &str) -> PathBuf {
 /// The chat fixture's loss and forwarded body under `toml` (over the
 /// embedded default), computed in-process with the library.
 fn expected_compaction(toml: &str, body: &[u8]) -> (LossSummary, Option<String>) {
-    let rt = support::runtime(toml, "http://127.0.0.1:1");
+    let rt = crate::support::runtime(toml, "http://127.0.0.1:1");
     let policy = rt.policy("default").expect("default policy");
     let (report, rewritten) = ChatBody::parse(body).unwrap().compact(&policy);
     (LossSummary::from_report(&report), rewritten)

@@ -3,16 +3,14 @@
 //! bounded, the exposition is valid Prometheus text, and the exported
 //! families are the ones the library and the dashboard name.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use crate::support::*;
 use bytes::Bytes;
 use compaction_proxy::metrics::FAMILIES;
 use http::Request;
 use http_body_util::Full;
 use serde_json::json;
-use support::*;
 
 const ROUTE: &str = "/v1/chat/completions";
 

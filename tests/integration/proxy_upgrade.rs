@@ -2,11 +2,9 @@
 //! through: the proxy forwards the handshake and then joins the two
 //! connections byte for byte.
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -2,15 +2,13 @@
 //! failures of the stream reach the client as errors, and a departing client
 //! cancels the upstream request.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
-use support::*;
 
 const CHAT: &str = "/v1/chat/completions";
 

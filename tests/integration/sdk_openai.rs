@@ -3,9 +3,7 @@
 //! both and sets `REQUIRE_OPENAI_SDKS=1`; elsewhere a missing SDK
 //! makes its test say it was skipped.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk");
 

@@ -2,14 +2,12 @@
 //! rcgen) sits before the recording mock; the proxy trusts the CA through
 //! `upstream.ca_file` and speaks HTTP/2 when ALPN offers it.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::support::*;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::json;
-use support::*;
 use tokio::net::{TcpListener, TcpStream};
 
 /// A TLS terminator for `localhost` in front of `target`; returns its

@@ -1,0 +1,17 @@
+//! The integration tests: one binary, so a test build links once.
+
+mod support;
+
+mod binary;
+mod chart_files;
+mod engine_properties;
+mod engine_vectors;
+mod metrics_scrape;
+mod openai_properties;
+mod proxy_basics;
+mod proxy_failures;
+mod proxy_streaming;
+mod proxy_tls;
+mod proxy_transparency;
+mod proxy_upgrade;
+mod sdk_openai;
