@@ -6,9 +6,10 @@
 #
 #   scripts/load/compare.sh                 # 10 s per measurement
 #   DURATION=5 WARMUP=1 scripts/load/compare.sh
-#   PERF=1 scripts/load/compare.sh          # also perf record -g the proxy in the 1 KB x 64 case
+#   PERF=1 scripts/load/compare.sh          # then profile the proxy (perf record -g) in one more 1 KB x 64 run
 #
-# Environment: DURATION (s, default 10), WARMUP (s, default 2), CONNECTIONS
+# Environment: DURATION (s, default 10), WARMUP (s, default 2), ROUNDS (each
+# cell measured this many times, targets interleaved, median kept; default 1), CONNECTIONS
 # (default 64), WRK_THREADS (default 2), PERF (0/1), PERF_FREQ (default 999),
 # and those of lib.sh (PROXY_BIN, LOAD_OUT, NGINX_WORKERS, KEEP_LOGS).
 
@@ -20,6 +21,7 @@ CONNECTIONS="${CONNECTIONS:-64}"
 WRK_THREADS="${WRK_THREADS:-2}"
 PERF="${PERF:-0}"
 PERF_FREQ="${PERF_FREQ:-999}"
+ROUNDS="${ROUNDS:-1}"
 
 raise_fd_limit
 ensure_tools
@@ -41,6 +43,7 @@ declare -A URL=(
 )
 TARGETS=(origin nginx proxy)
 declare -A RESULT
+ERRORS=0
 
 # Checks that the proxy treats the bodies as the table says.
 expect_status() {
@@ -53,44 +56,60 @@ expect_status "$BODIES/small.json" unchanged
 expect_status "$BODIES/medium.json" unchanged
 expect_status "$BODIES/large.json" compacted
 
-# measure CASE THREADS CONNECTIONS BODY VARY: warm-up, then the measured run,
-# for each target in turn.
+# measure CASE THREADS CONNECTIONS BODY VARY: for each of ROUNDS rounds, each
+# target in turn: warm-up, then the measured run. Rounds interleave the
+# targets, so a burst of noise on this shared machine hits all three alike;
+# the table keeps each cell's median.
 measure() {
-  local case="$1" threads="$2" conns="$3" body="$4" vary="$5" target
-  for target in "${TARGETS[@]}"; do
-    log "$case: $target (${WARMUP}s warm-up, ${DURATION}s)"
-    if ((WARMUP > 0)); then
-      run_wrk "$case-$target-warmup" "${URL[$target]}" "$threads" "$conns" "$WARMUP" "$body" "$vary"
-    fi
-    local perf_pid=""
-    if [[ "$PERF" == 1 && "$target" == proxy && "$case" == small64 ]]; then
-      perf record -F "$PERF_FREQ" -g -p "$PROXY_PID" -o "$LOAD_OUT/perf.data" -- sleep "$DURATION" \
-        >"$LOAD_OUT/perf-record.log" 2>&1 &
-      perf_pid="$!"
-      STARTED_PIDS+=("$perf_pid")
-    fi
-    run_wrk "$case-$target" "${URL[$target]}" "$threads" "$conns" "$DURATION" "$body" "$vary"
-    if [[ -n "$perf_pid" ]]; then wait "$perf_pid" || log "warning: perf record failed, see $LOAD_OUT/perf-record.log"; fi
-    RESULT[$case-$target-rps]="$R_rps"
-    RESULT[$case-$target-p50]="$R_p50_us"
-    RESULT[$case-$target-p99]="$R_p99_us"
-    RESULT[$case-$target-errors]="$((R_socket_errors + R_non2xx))"
+  local case="$1" threads="$2" conns="$3" body="$4" vary="$5" target round
+  for round in $(seq "$ROUNDS"); do
+    for target in "${TARGETS[@]}"; do
+      log "$case: $target, round $round of $ROUNDS (${WARMUP}s warm-up, ${DURATION}s)"
+      if ((WARMUP > 0)); then
+        run_wrk "$case-$target-warmup" "${URL[$target]}" "$threads" "$conns" "$WARMUP" "$body" "$vary"
+      fi
+      run_wrk "$case-$target-$round" "${URL[$target]}" "$threads" "$conns" "$DURATION" "$body" "$vary"
+      RESULT[$case-$target-rps]+="$R_rps "
+      RESULT[$case-$target-p50]+="$R_p50_us "
+      RESULT[$case-$target-p99]+="$R_p99_us "
+      ERRORS=$((ERRORS + R_socket_errors + R_non2xx))
+    done
   done
+  for target in "${TARGETS[@]}"; do
+    for figure in rps p50 p99; do
+      RESULT[$case-$target-$figure]="$(median ${RESULT[$case-$target-$figure]})"
+    done
+  done
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# An extra run of the 1 KB x 64 case with perf attached to the proxy, after
+# the measured ones: perf's own cost stays out of the table.
+profile_proxy() {
+  log "small64: proxy again under perf record -g (${DURATION}s, not in the table)"
+  perf record -F "$PERF_FREQ" -g -p "$PROXY_PID" -o "$LOAD_OUT/perf.data" -- sleep "$DURATION" \
+    >"$LOAD_OUT/perf-record.log" 2>&1 &
+  local perf_pid="$!"
+  STARTED_PIDS+=("$perf_pid")
+  run_wrk small64-proxy-perf "${URL[proxy]}" "$WRK_THREADS" "$CONNECTIONS" "$DURATION" "$BODIES/small.json" 0
+  wait "$perf_pid" || log "warning: perf record failed, see $LOAD_OUT/perf-record.log"
+  PERF_RPS="$R_rps"
 }
 
 measure small64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/small.json" 0
 measure medium64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/medium.json" 0
 measure small1 1 1 "$BODIES/small.json" 0
 measure large1 1 1 "$BODIES/large.json" 1
+if [[ "$PERF" == 1 ]]; then profile_proxy; fi
 
 rps() { printf "%.0f req/s" "${RESULT[$1]}"; }
 ratio() { awk -v a="${RESULT[$1]}" -v b="${RESULT[$2]}" 'BEGIN { printf "%.2f", a / b }'; }
 ms() { awk -v us="$1" 'BEGIN { printf "%.2f ms", us / 1000 }'; }
 added() { awk -v a="${RESULT[$1]}" -v o="${RESULT[$2]}" 'BEGIN { printf "%+.2f ms", (a - o) / 1000 }'; }
 
-small_kb="$(($(stat -c %s "$BODIES/small.json") / 1024))"
 {
-  echo "compaction-proxy vs nginx, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, ${DURATION}s per cell, wrk -t$WRK_THREADS -c$CONNECTIONS"
+  echo "compaction-proxy vs nginx, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), ${DURATION}s per run, median of $ROUNDS round(s), wrk -t$WRK_THREADS -c$CONNECTIONS"
   echo "bodies: $(tr '\n' ';' <"$RUN_DIR/bodies.txt")"
   echo
   echo "| case | origin alone | nginx reverse proxy | compaction-proxy | ours ÷ nginx proxy |"
@@ -102,14 +121,13 @@ small_kb="$(($(stat -c %s "$BODIES/small.json") / 1024))"
   echo "| 200 KB body, every request different (compacted cold), 1 connection, p50 added | $(ms "${RESULT[large1-origin-p50]}") | $(added large1-nginx-p50 large1-origin-p50) | $(added large1-proxy-p50 large1-origin-p50) | |"
   echo "| same, p99 added | $(ms "${RESULT[large1-origin-p99]}") | $(added large1-nginx-p99 large1-origin-p99) | $(added large1-proxy-p99 large1-origin-p99) | |"
   echo
-  errors=0
-  for key in "${!RESULT[@]}"; do
-    [[ "$key" == *-errors ]] && errors=$((errors + RESULT[$key]))
-  done
-  echo "errors (socket errors + non-2xx, all cells): $errors; the origin column of latency rows is the origin's own figure"
+  echo "errors (socket errors + non-2xx, all runs): $ERRORS; the origin column of latency rows is the origin's own figure"
 } | tee "$LOAD_OUT/table.md"
 
 if [[ "$PERF" == 1 && -s "$LOAD_OUT/perf.data" ]]; then
-  python3 "$LOAD_DIR/perf_summary.py" "$LOAD_OUT/perf.data" | tee "$LOAD_OUT/perf-summary.txt"
+  {
+    echo "(1 KB x $CONNECTIONS case, $PERF_RPS req/s while perf recorded)"
+    python3 "$LOAD_DIR/perf_summary.py" "$LOAD_OUT/perf.data"
+  } | tee "$LOAD_OUT/perf-summary.txt"
 fi
 log "results in $LOAD_OUT"
