@@ -25,6 +25,10 @@ SCHEDULER = re.compile(
 # Kernel entry points whose inclusive share tells what the syscalls cost.
 ENTRY_POINTS = [
     "__schedule",
+    "tokio::runtime::blocking::pool::Inner::run",
+    "futex_wait",
+    "futex_wake",
+    "try_to_wake_up",
     "do_futex",
     "__x64_sys_futex",
     "__x64_sys_epoll_wait",
@@ -37,6 +41,7 @@ ENTRY_POINTS = [
     "tcp_sendmsg",
     "tcp_recvmsg",
     "ksys_write",
+    "sock_def_readable",
 ]
 ROW = re.compile(r"^\s*([\d.]+)%\s+(\S+)\s+\[([k.])\]\s+(.*?)\s*$")
 
@@ -90,7 +95,9 @@ def main():
             inclusive.setdefault(m.group(4), float(m.group(1)))
     shown = [(name, inclusive[name]) for name in ENTRY_POINTS if name in inclusive]
     if shown:
-        print("inclusive (the symbol and what it calls): " + ", ".join(f"{n} {p:.1f}%" for n, p in shown))
+        print("inclusive (the symbol and what it calls; user call chains may be cut short):")
+        for name, pct in sorted(shown, key=lambda kv: -kv[1]):
+            print(f"  {pct:5.1f}%  {name}")
 
     print(f"\ntop {top_n} symbols (flat):")
     for pct, dso, is_kernel, sym in sorted(rows, reverse=True)[:top_n]:

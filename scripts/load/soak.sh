@@ -13,13 +13,14 @@
 #   scripts/load/soak.sh                      # 10 minutes + 1 minute idle
 #   SOAK_SECS=60 IDLE_SECS=20 scripts/load/soak.sh
 #
-# Environment: SOAK_SECS, WARMUP_SECS (same mix before the soak, default 30),
+# Environment: SOAK_SECS, WARMUP_SECS (same mix before the soak, default 120:
+# in a 10-minute run RSS reached its plateau about 90 s in),
 # IDLE_SECS, the connection counts above, and those of lib.sh.
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SOAK_SECS="${SOAK_SECS:-600}"
-WARMUP_SECS="${WARMUP_SECS:-30}"
+WARMUP_SECS="${WARMUP_SECS:-120}"
 IDLE_SECS="${IDLE_SECS:-60}"
 SOAK_SMALL_CONNS="${SOAK_SMALL_CONNS:-8}"
 SOAK_LARGE_CONNS="${SOAK_LARGE_CONNS:-2}"
@@ -123,6 +124,8 @@ mb() { awk -v kb="$1" 'BEGIN { printf "%.1f MB", kb / 1024 }'; }
   echo
   awk -v i="$idle_rss" -v w="$warm_rss" 'BEGIN { printf "RSS after idle vs after warm-up: %+.1f%%\n", (i - w) * 100 / w }'
   echo "healthz after the soak: $alive"
+  awk -v step="$(((SOAK_SECS + 9) / 10))" 'NR > 1 && (NR - 2) % step == 0 { line = line sprintf(" %ds %.0f MB;", NR - 2, $2 / 1024) }
+    END { print "RSS during the soak:" line }' "$LOAD_OUT/soak-samples.txt"
   echo "traffic during the soak:"
   for kind in small large invalid; do
     [[ -f "$RUN_DIR/soak-$kind.summary" ]] && sed 's/^/  /' "$RUN_DIR/soak-$kind.summary"
