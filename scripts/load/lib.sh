@@ -8,7 +8,7 @@
 #   PROXY_BIN        use this compaction-proxy binary instead of building one
 #   CARGO_TARGET_DIR where cargo builds (default: the repository's target/)
 #   LOAD_OUT         directory for results (default: a new /tmp/compaction-proxy-load.XXXX)
-#   KEEP_LOGS=1      keep the proxy's full log (default: only its last 200 lines)
+#   KEEP_LOGS=1      keep the full per-request logs of the proxy and of nginx (default: their last 200 lines)
 #   NGINX_WORKERS    worker_processes of each nginx (default: auto, one per core)
 
 set -euo pipefail
@@ -39,10 +39,13 @@ stop_started() {
     wait "$pid" 2>/dev/null || true
   done
   STARTED_PIDS=()
-  if [[ -f "$RUN_DIR/proxy.log" && "${KEEP_LOGS:-0}" != 1 ]]; then
-    tail -n 200 "$RUN_DIR/proxy.log" >"$RUN_DIR/proxy.log.tail" || true
-    rm -f "$RUN_DIR/proxy.log"
-  fi
+  local big
+  for big in proxy.log nginx-proxy-access.log; do
+    if [[ -f "$RUN_DIR/$big" && "${KEEP_LOGS:-0}" != 1 ]]; then
+      tail -n 200 "$RUN_DIR/$big" >"$RUN_DIR/$big.tail" || true
+      rm -f "$RUN_DIR/$big"
+    fi
+  done
 }
 trap 'stop_started' EXIT
 trap 'exit 130' INT TERM
