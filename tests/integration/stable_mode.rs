@@ -211,3 +211,61 @@ async fn alternating_replicas_forward_the_bytes_of_one_instance() {
         "the conversation outgrew its budget: some turn rebased"
     );
 }
+
+mod properties {
+    use super::*;
+    use compaction_proxy::compaction::stable::NoCheckpoints;
+    use compaction_proxy::format::Format;
+    use compaction_proxy::proxy::compact::outcome_of;
+    use proptest::prelude::*;
+
+    fn messages(body: &[u8]) -> Vec<Value> {
+        let v: Value = serde_json::from_slice(body).unwrap();
+        v["messages"].as_array().unwrap().clone()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Turn by turn: a turn that did not rebase extends the previous
+        /// turn's forwarded messages; warm and cold replays agree; the
+        /// budget is met (the pinned system prompt and task fit it).
+        #[test]
+        fn turns_extend_until_a_rebase(
+            seed in 0u64..1_000,
+            turns in 5usize..30,
+            agent in any::<bool>(),
+            budget in 6_000usize..30_000,
+            target in 0.5f64..0.9,
+        ) {
+            let (history, ends) = if agent {
+                coding_agent(turns, seed, 10)
+            } else {
+                dispatcher_chat(turns, seed)
+            };
+            let requests = requests(&history, &ends);
+            let mut p = policy(budget, Mode::Stable);
+            p.stable_target_ratio = target;
+            p.stable_head_ratio = target / 2.0;
+            let store = CheckpointStore::new(1 << 20);
+            let mut previous: Option<Vec<Value>> = None;
+            for (turn, request) in requests.iter().enumerate() {
+                let warm = outcome_of(request, &p, Format::Chat, usize::MAX, &store).unwrap();
+                let cold = outcome_of(request, &p, Format::Chat, usize::MAX, &NoCheckpoints).unwrap();
+                prop_assert_eq!(&warm.rewritten, &cold.rewritten, "turn {}", turn);
+                let forwarded = warm.rewritten.as_deref().unwrap_or(request);
+                let now = messages(forwarded);
+                let info = warm.stable.expect("stable mode reports");
+                if let Some(before) = &previous {
+                    if !info.rebased {
+                        prop_assert!(now.len() >= before.len(), "turn {}", turn);
+                        prop_assert_eq!(&now[..before.len()], &before[..], "turn {} did not rebase but changed the prefix", turn);
+                        prop_assert_eq!(info.stable_messages, before.len());
+                    }
+                }
+                prop_assert!(warm.loss.budget_met, "turn {}: {:?}", turn, warm.loss);
+                previous = Some(now);
+            }
+        }
+    }
+}
