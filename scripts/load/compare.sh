@@ -11,7 +11,9 @@
 # Environment: DURATION (s, default 10), WARMUP (s, default 2), ROUNDS (each
 # cell measured this many times, targets interleaved, median kept; default 1), CONNECTIONS
 # (default 64), WRK_THREADS (default 2), PERF (0/1), PERF_FREQ (default 999),
-# and those of lib.sh (PROXY_BIN, LOAD_OUT, NGINX_WORKERS, KEEP_LOGS).
+# BASELINE_BIN (another compaction-proxy binary, e.g. main's, measured in the
+# same run as an extra column), and those of lib.sh (PROXY_BIN, LOAD_OUT,
+# NGINX_WORKERS, KEEP_LOGS).
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -33,6 +35,11 @@ NGINX_PORT="$(free_port)"
 PROXY_PORT="$(free_port)"
 start_origin "$ORIGIN_PORT"
 start_nginx_proxy "$NGINX_PORT" "$ORIGIN_PORT"
+if [[ -n "${BASELINE_BIN:-}" ]]; then
+  BASELINE_PORT="$(free_port)"
+  start_proxy "$BASELINE_PORT" "http://127.0.0.1:$ORIGIN_PORT" "$BASELINE_BIN"
+  BASELINE_PID="$PROXY_PID"
+fi
 start_proxy "$PROXY_PORT" "http://127.0.0.1:$ORIGIN_PORT"
 
 PATH_="/v1/chat/completions"
@@ -42,15 +49,21 @@ declare -A URL=(
   [proxy]="http://127.0.0.1:$PROXY_PORT$PATH_"
 )
 TARGETS=(origin nginx proxy)
+if [[ -n "${BASELINE_BIN:-}" ]]; then
+  URL[baseline]="http://127.0.0.1:$BASELINE_PORT$PATH_"
+  TARGETS+=(baseline)
+fi
 declare -A RESULT
 ERRORS=0
 
 # Checks that the proxy treats the bodies as the table says.
 expect_status() {
-  local body="$1" want="$2" got
-  got="$(curl -s -o /dev/null -D - -H 'content-type: application/json' --data-binary "@$body" "${URL[proxy]}" |
-    tr -d '\r' | awk -F': ' 'tolower($1) == "x-compaction-status" { print $2 }')"
-  [[ "$got" == "$want"* ]] || die "$(basename "$body"): x-compaction-status '$got', expected '$want'"
+  local body="$1" want="$2" got target
+  for target in proxy ${BASELINE_BIN:+baseline}; do
+    got="$(curl -s -o /dev/null -D - -H 'content-type: application/json' --data-binary "@$body" "${URL[$target]}" |
+      tr -d '\r' | awk -F': ' 'tolower($1) == "x-compaction-status" { print $2 }')"
+    [[ "$got" == "$want"* ]] || die "$target, $(basename "$body"): x-compaction-status '$got', expected '$want'"
+  done
 }
 expect_status "$BODIES/small.json" unchanged
 expect_status "$BODIES/medium.json" unchanged
@@ -84,24 +97,34 @@ measure() {
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-# An extra run of the 1 KB x 64 case with perf attached to the proxy, after
+# An extra run of the 1 KB x 64 case with perf attached to a proxy, after
 # the measured ones: perf's own cost stays out of the table.
+# profile_proxy TARGET PID OUTPUT_PREFIX
 profile_proxy() {
-  log "small64: proxy again under perf record -g (${DURATION}s, not in the table)"
-  perf record -F "$PERF_FREQ" -g -p "$PROXY_PID" -o "$LOAD_OUT/perf.data" -- sleep "$DURATION" \
-    >"$LOAD_OUT/perf-record.log" 2>&1 &
+  local target="$1" pid="$2" prefix="$3"
+  log "small64: $target again under perf record -g (${DURATION}s, not in the table)"
+  perf record -F "$PERF_FREQ" -g -p "$pid" -o "$LOAD_OUT/$prefix.data" -- sleep "$DURATION" \
+    >"$LOAD_OUT/$prefix-record.log" 2>&1 &
   local perf_pid="$!"
   STARTED_PIDS+=("$perf_pid")
-  run_wrk small64-proxy-perf "${URL[proxy]}" "$WRK_THREADS" "$CONNECTIONS" "$DURATION" "$BODIES/small.json" 0
-  wait "$perf_pid" || log "warning: perf record failed, see $LOAD_OUT/perf-record.log"
-  PERF_RPS="$R_rps"
+  run_wrk "small64-$target-perf" "${URL[$target]}" "$WRK_THREADS" "$CONNECTIONS" "$DURATION" "$BODIES/small.json" 0
+  wait "$perf_pid" || log "warning: perf record failed, see $LOAD_OUT/$prefix-record.log"
+  if [[ -s "$LOAD_OUT/$prefix.data" ]]; then
+    {
+      echo "# $target, 1 KB x $CONNECTIONS case, $R_rps req/s while perf recorded"
+      python3 "$LOAD_DIR/perf_summary.py" "$LOAD_OUT/$prefix.data"
+    } >"$LOAD_OUT/$prefix-summary.txt"
+  fi
 }
 
 measure small64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/small.json" 0
 measure medium64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/medium.json" 0
 measure small1 1 1 "$BODIES/small.json" 0
 measure large1 1 1 "$BODIES/large.json" 1
-if [[ "$PERF" == 1 ]]; then profile_proxy; fi
+if [[ "$PERF" == 1 ]]; then
+  profile_proxy proxy "$PROXY_PID" perf
+  [[ -z "${BASELINE_BIN:-}" ]] || profile_proxy baseline "$BASELINE_PID" perf-baseline
+fi
 
 rps() { printf "%.0f req/s" "${RESULT[$1]}"; }
 ratio() { awk -v a="${RESULT[$1]}" -v b="${RESULT[$2]}" 'BEGIN { printf "%.2f", a / b }'; }
@@ -112,22 +135,34 @@ added() { awk -v a="${RESULT[$1]}" -v o="${RESULT[$2]}" 'BEGIN { printf "%+.2f m
   echo "compaction-proxy vs nginx, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), ${DURATION}s per run, median of $ROUNDS round(s), wrk -t$WRK_THREADS -c$CONNECTIONS"
   echo "bodies: $(tr '\n' ';' <"$RUN_DIR/bodies.txt")"
   echo
-  echo "| case | origin alone | nginx reverse proxy | compaction-proxy | ours ÷ nginx proxy |"
-  echo "|---|---|---|---|---|"
-  echo "| 1 KB body, $CONNECTIONS connections | $(rps small64-origin-rps) | $(rps small64-nginx-rps) | $(rps small64-proxy-rps) | $(ratio small64-proxy-rps small64-nginx-rps) |"
-  echo "| 20 KB body, $CONNECTIONS connections | $(rps medium64-origin-rps) | $(rps medium64-nginx-rps) | $(rps medium64-proxy-rps) | $(ratio medium64-proxy-rps medium64-nginx-rps) |"
-  echo "| 1 KB body, 1 connection, p50 added over origin | $(ms "${RESULT[small1-origin-p50]}") | $(added small1-nginx-p50 small1-origin-p50) | $(added small1-proxy-p50 small1-origin-p50) | |"
-  echo "| 1 KB body, 1 connection, p99 added over origin | $(ms "${RESULT[small1-origin-p99]}") | $(added small1-nginx-p99 small1-origin-p99) | $(added small1-proxy-p99 small1-origin-p99) | |"
-  echo "| 200 KB body, every request different (compacted cold), 1 connection, p50 added | $(ms "${RESULT[large1-origin-p50]}") | $(added large1-nginx-p50 large1-origin-p50) | $(added large1-proxy-p50 large1-origin-p50) | |"
-  echo "| same, p99 added | $(ms "${RESULT[large1-origin-p99]}") | $(added large1-nginx-p99 large1-origin-p99) | $(added large1-proxy-p99 large1-origin-p99) | |"
+  base_head="" base_rule=""
+  if [[ -n "${BASELINE_BIN:-}" ]]; then base_head=" baseline proxy | baseline ÷ nginx proxy |"; base_rule="---|---|"; fi
+  # row LABEL CASE FIGURE KIND: KIND rps gives req/s and the ratio to nginx,
+  # added the figure minus the origin's.
+  row() {
+    local label="$1" case="$2" figure="$3" kind="$4" line
+    if [[ "$kind" == rps ]]; then
+      line="| $label | $(rps "$case-origin-$figure") | $(rps "$case-nginx-$figure") | $(rps "$case-proxy-$figure") | $(ratio "$case-proxy-$figure" "$case-nginx-$figure") |"
+      [[ -z "${BASELINE_BIN:-}" ]] || line+=" $(rps "$case-baseline-$figure") | $(ratio "$case-baseline-$figure" "$case-nginx-$figure") |"
+    else
+      line="| $label | $(ms "${RESULT[$case-origin-$figure]}") | $(added "$case-nginx-$figure" "$case-origin-$figure") | $(added "$case-proxy-$figure" "$case-origin-$figure") | |"
+      [[ -z "${BASELINE_BIN:-}" ]] || line+=" $(added "$case-baseline-$figure" "$case-origin-$figure") | |"
+    fi
+    echo "$line"
+  }
+  echo "| case | origin alone | nginx reverse proxy | compaction-proxy | ours ÷ nginx proxy |$base_head"
+  echo "|---|---|---|---|---|$base_rule"
+  row "1 KB body, $CONNECTIONS connections" small64 rps rps
+  row "20 KB body, $CONNECTIONS connections" medium64 rps rps
+  row "1 KB body, 1 connection, p50 added over origin" small1 p50 added
+  row "1 KB body, 1 connection, p99 added over origin" small1 p99 added
+  row "200 KB body, every request different (compacted cold), 1 connection, p50 added" large1 p50 added
+  row "same, p99 added" large1 p99 added
   echo
   echo "errors (socket errors + non-2xx, all runs): $ERRORS; the origin column of latency rows is the origin's own figure"
 } | tee "$LOAD_OUT/table.md"
 
-if [[ "$PERF" == 1 && -s "$LOAD_OUT/perf.data" ]]; then
-  {
-    echo "(1 KB x $CONNECTIONS case, $PERF_RPS req/s while perf recorded)"
-    python3 "$LOAD_DIR/perf_summary.py" "$LOAD_OUT/perf.data"
-  } | tee "$LOAD_OUT/perf-summary.txt"
-fi
+for summary in "$LOAD_OUT/perf-summary.txt" "$LOAD_OUT/perf-baseline-summary.txt"; do
+  [[ ! -f "$summary" ]] || { echo; cat "$summary"; }
+done
 log "results in $LOAD_OUT"

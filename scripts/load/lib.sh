@@ -40,7 +40,7 @@ stop_started() {
   done
   STARTED_PIDS=()
   local big
-  for big in proxy.log nginx-proxy-access.log; do
+  for big in proxy.log baseline-proxy.log nginx-proxy-access.log; do
     if [[ -f "$RUN_DIR/$big" && "${KEEP_LOGS:-0}" != 1 ]]; then
       tail -n 200 "$RUN_DIR/$big" >"$RUN_DIR/$big.tail" || true
       rm -f "$RUN_DIR/$big"
@@ -247,9 +247,12 @@ CONF
 # start_proxy PORT UPSTREAM_URL: compaction-proxy (release) with a budget of
 # 100,000 chars: the 1 KB and 20 KB bodies fit it (forwarded unchanged), the
 # 200 KB ones are compacted to it. Default log level, to a file.
+# With a third argument, runs that binary instead (compare.sh's baseline),
+# logging to its own file; PROXY_PID is the started one either way.
 start_proxy() {
-  local port="$1" upstream="$2"
-  cat >"$RUN_DIR/proxy.toml" <<CONF
+  local port="$1" upstream="$2" binary="${3:-$PROXY_BIN}" name="proxy"
+  [[ "$binary" == "$PROXY_BIN" ]] || name="baseline-proxy"
+  cat >"$RUN_DIR/$name.toml" <<CONF
 [server]
 listen = "127.0.0.1:$port"
 shutdown_grace_secs = 2
@@ -260,7 +263,7 @@ url = "$upstream"
 [policies.default]
 budget_chars = 100000
 CONF
-  start_bg proxy "$PROXY_BIN" serve --config "$RUN_DIR/proxy.toml"
+  start_bg "$name" "$binary" serve --config "$RUN_DIR/$name.toml"
   PROXY_PID="$LAST_PID"
   wait_http "http://127.0.0.1:$port/healthz" "$PROXY_PID"
 }
