@@ -66,6 +66,9 @@ pub(crate) struct WireItem<'a> {
     pub arrays: Vec<Vec<Range<usize>>>,
     /// Breakpoint markers on the item's elements.
     pub markers: Vec<Marker<'a>>,
+    /// Elements a moved marker must not land on, because the API refuses
+    /// them there or their bytes must stay as they came (thinking blocks).
+    pub unmarkable: Vec<ElementRef>,
     /// Tool-call argument strings, in the order of the item's tool calls:
     /// the JSON string's span and whether it is a JSON string holding JSON
     /// (chat, responses) or the JSON object itself (anthropic).
@@ -305,6 +308,7 @@ impl<'a> Written<'a> {
         }
     }
 
+    /// The kept elements a moved marker may land on, in body order.
     fn kept_elements(&self, wire: &WireItem) -> Vec<ElementRef> {
         let mut kept: Vec<ElementRef> = wire
             .arrays
@@ -313,7 +317,7 @@ impl<'a> Written<'a> {
             .flat_map(|(a, spans)| {
                 (0..spans.len()).map(move |index| ElementRef { array: a, index })
             })
-            .filter(|e| !self.removed[e.array][e.index])
+            .filter(|e| !self.removed[e.array][e.index] && !wire.unmarkable.contains(e))
             .collect();
         kept.sort_by_key(|e| wire.arrays[e.array][e.index].start);
         kept

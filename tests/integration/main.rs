@@ -6,6 +6,8 @@ mod binary;
 mod chart_files;
 mod engine_properties;
 mod engine_vectors;
+mod format_properties;
+mod format_rules;
 mod metrics_scrape;
 mod openai_properties;
 mod proxy_basics;
