@@ -16,4 +16,5 @@ mod proxy_streaming;
 mod proxy_tls;
 mod proxy_transparency;
 mod proxy_upgrade;
+mod sdk_formats;
 mod sdk_openai;
