@@ -469,7 +469,10 @@ mod tests {
             outside_chars: 0,
         };
         let plan_of = |indices: &[usize]| crate::format::Plan {
-            items: indices.iter().map(|&i| crate::format::Planned::verbatim(i)).collect(),
+            items: indices
+                .iter()
+                .map(|&i| crate::format::Planned::verbatim(i))
+                .collect(),
         };
         let mut plan = plan_of(&[1, 2, 3, 4]);
         Format::Anthropic.repair(&conversation, &mut plan);

@@ -44,7 +44,11 @@ struct Turn {
 
 fn turns() -> impl Strategy<Value = Vec<Turn>> {
     vec(
-        (0u16..700, prop_oneof![3 => Just(0u8), 2 => 1u8..4], any::<u32>())
+        (
+            0u16..700,
+            prop_oneof![3 => Just(0u8), 2 => 1u8..4],
+            any::<u32>(),
+        )
             .prop_map(|(len, calls, flags)| Turn { len, calls, flags }),
         1..10,
     )
@@ -61,15 +65,22 @@ struct PolicySpec {
 }
 
 fn policies() -> impl Strategy<Value = PolicySpec> {
-    (0usize..5000, 0usize..4, 50usize..400, any::<bool>(), any::<bool>()).prop_map(
-        |(budget, keep_last_n, max_message_chars, pin_first_user, stable)| PolicySpec {
-            budget,
-            keep_last_n,
-            max_message_chars,
-            pin_first_user,
-            stable,
-        },
+    (
+        0usize..5000,
+        0usize..4,
+        50usize..400,
+        any::<bool>(),
+        any::<bool>(),
     )
+        .prop_map(
+            |(budget, keep_last_n, max_message_chars, pin_first_user, stable)| PolicySpec {
+                budget,
+                keep_last_n,
+                max_message_chars,
+                pin_first_user,
+                stable,
+            },
+        )
 }
 
 impl PolicySpec {
@@ -133,7 +144,8 @@ fn maybe_cache(mut block: Value, flags: u32, n: u32) -> Value {
 
 fn anthropic_body(first: &Turn, turns: &[Turn], top: u32) -> Vec<u8> {
     let mut ids = Ids::default();
-    let mut messages = vec![json!({"role": "user", "content": text(ids.next(), first.len as usize, first.flags)})];
+    let mut messages =
+        vec![json!({"role": "user", "content": text(ids.next(), first.len as usize, first.flags)})];
     for t in turns {
         let (len, f) = (t.len as usize, t.flags);
         let mut assistant = Vec::new();
@@ -142,7 +154,9 @@ fn anthropic_body(first: &Turn, turns: &[Turn], top: u32) -> Vec<u8> {
             assistant.push(json!({"type": "thinking", "thinking": text(n, len / 3, f), "signature": format!("sig{n}")}));
         }
         if bit(f, 1) {
-            assistant.push(json!({"type": "redacted_thinking", "data": format!("redacted{}", ids.next())}));
+            assistant.push(
+                json!({"type": "redacted_thinking", "data": format!("redacted{}", ids.next())}),
+            );
         }
         if t.calls == 0 || bit(f, 2) {
             assistant.push(maybe_cache(
@@ -434,8 +448,10 @@ fn the_checkers_refuse_what_the_apis_refuse() {
     broken["messages"][1]["content"][0]["thinking"] = json!("y");
     assert!(check_anthropic(&bytes, &serde_json::to_vec(&broken).unwrap()).is_err());
     let mut broken = original.clone();
-    broken["messages"][4]["content"] = json!([{"type": "text", "text": "[t3] next", "cache_control": {"type": "ephemeral"}}]);
-    broken["messages"][3]["content"] = json!([{"type": "text", "text": "[t2] done", "cache_control": {"type": "ephemeral"}}]);
+    broken["messages"][4]["content"] =
+        json!([{"type": "text", "text": "[t3] next", "cache_control": {"type": "ephemeral"}}]);
+    broken["messages"][3]["content"] =
+        json!([{"type": "text", "text": "[t2] done", "cache_control": {"type": "ephemeral"}}]);
     assert!(check_anthropic(&bytes, &serde_json::to_vec(&broken).unwrap()).is_err());
     let mut broken = original.clone();
     broken["model"] = json!("other");

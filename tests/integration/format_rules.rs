@@ -100,9 +100,7 @@ fn anthropic_identities(message: &Value) -> Vec<String> {
                 out.extend(b["tool_use_id"].as_str().map(|id| format!("result:{id}")))
             }
             Some("thinking") => out.extend(b["signature"].as_str().map(|s| format!("sig:{s}"))),
-            Some("redacted_thinking") => {
-                out.extend(b["data"].as_str().map(|s| format!("sig:{s}")))
-            }
+            Some("redacted_thinking") => out.extend(b["data"].as_str().map(|s| format!("sig:{s}"))),
             _ => {}
         }
     }
@@ -120,9 +118,9 @@ fn markers(value: &Value) -> (usize, bool) {
                     map.get("type").and_then(Value::as_str),
                     Some("thinking" | "redacted_thinking")
                 );
-            map.values().map(markers).fold((here, on_thinking), |a, b| {
-                (a.0 + b.0, a.1 || b.1)
-            })
+            map.values()
+                .map(markers)
+                .fold((here, on_thinking), |a, b| (a.0 + b.0, a.1 || b.1))
         }
         Value::Array(items) => items
             .iter()
@@ -147,10 +145,16 @@ pub fn check_anthropic(original: &[u8], forwarded: &[u8]) -> Verdict {
     outside_identical(original, forwarded, "messages")?;
     let before: Value = serde_json::from_slice(original).map_err(|e| e.to_string())?;
     let after: Value = serde_json::from_slice(forwarded).map_err(|e| e.to_string())?;
-    let old = before["messages"].as_array().ok_or("original has no messages")?;
+    let old = before["messages"]
+        .as_array()
+        .ok_or("original has no messages")?;
     let new = after["messages"].as_array().ok_or("no messages array")?;
     ensure!(!new.is_empty(), "no messages left");
-    ensure!(new[0]["role"] == "user", "the first message is {}", new[0]["role"]);
+    ensure!(
+        new[0]["role"] == "user",
+        "the first message is {}",
+        new[0]["role"]
+    );
     let answered: Vec<String> = old
         .iter()
         .flat_map(blocks)
@@ -173,7 +177,9 @@ pub fn check_anthropic(original: &[u8], forwarded: &[u8]) -> Verdict {
         for b in blocks(m).iter().filter(|b| b["type"] == "tool_result") {
             let id = b["tool_use_id"].as_str().unwrap_or_default();
             ensure!(
-                k > 0 && new[k - 1]["role"] == "assistant" && uses(&new[k - 1]).iter().any(|u| u == id),
+                k > 0
+                    && new[k - 1]["role"] == "assistant"
+                    && uses(&new[k - 1]).iter().any(|u| u == id),
                 "message {k}: tool_result {id} answers no tool_use in the message before it"
             );
         }
@@ -229,14 +235,20 @@ pub fn check_anthropic(original: &[u8], forwarded: &[u8]) -> Verdict {
             );
         }
         for t in &kept_thinking {
-            ensure!(original_text.contains(t.as_str()), "a thinking block changed: {t}");
+            ensure!(
+                original_text.contains(t.as_str()),
+                "a thinking block changed: {t}"
+            );
         }
     }
 
     // cache_control: never more, never on thinking, not all lost.
     let (old_markers, _) = markers(&before["messages"]);
     let (new_markers, on_thinking) = markers(&after["messages"]);
-    ensure!(!on_thinking, "a cache_control marker sits on a thinking block");
+    ensure!(
+        !on_thinking,
+        "a cache_control marker sits on a thinking block"
+    );
     ensure!(
         new_markers <= old_markers,
         "cache_control markers grew from {old_markers} to {new_markers}"
@@ -275,7 +287,9 @@ pub fn check_responses(original: &[u8], forwarded: &[u8]) -> Verdict {
         ensure!(after["input"] == before["input"], "a string input changed");
         return Ok(());
     };
-    let new = after["input"].as_array().ok_or("input is no longer an array")?;
+    let new = after["input"]
+        .as_array()
+        .ok_or("input is no longer an array")?;
     let kind = |item: &Value| item["type"].as_str().unwrap_or("message").to_owned();
     let calls = |items: &[Value], k: &str| -> Vec<String> {
         items
@@ -293,7 +307,9 @@ pub fn check_responses(original: &[u8], forwarded: &[u8]) -> Verdict {
                 "item {k}: output of {call} without its function_call before it"
             ),
             "function_call" if old_outputs.iter().any(|c| c == call) => ensure!(
-                calls(&new[k..], "function_call_output").iter().any(|c| c == call),
+                calls(&new[k..], "function_call_output")
+                    .iter()
+                    .any(|c| c == call),
                 "item {k}: function_call {call} lost its output"
             ),
             _ => {}
@@ -312,7 +328,10 @@ pub fn check_responses(original: &[u8], forwarded: &[u8]) -> Verdict {
     let mut last = None;
     for (k, o) in origins.iter().enumerate() {
         let Some(o) = *o else { continue };
-        ensure!(!matches!(last, Some(l) if l >= o), "item {k} (was {o}) is out of order");
+        ensure!(
+            !matches!(last, Some(l) if l >= o),
+            "item {k} (was {o}) is out of order"
+        );
         last = Some(o);
         if kind(&old[o]) == "reasoning" && o + 1 < old.len() {
             ensure!(
@@ -339,7 +358,10 @@ pub fn check_responses(original: &[u8], forwarded: &[u8]) -> Verdict {
     };
     for (k, raw) in raw_new.iter().enumerate() {
         let item = &new[k];
-        if !matches!(kind(item).as_str(), "message" | "function_call" | "function_call_output") {
+        if !matches!(
+            kind(item).as_str(),
+            "message" | "function_call" | "function_call_output"
+        ) {
             ensure!(
                 original_text.contains(raw.get()),
                 "item {k} ({}) changed",
@@ -353,7 +375,11 @@ pub fn check_responses(original: &[u8], forwarded: &[u8]) -> Verdict {
             "message" | "function_call" | "function_call_output" | "reasoning"
         );
         if carried && identity_of[o].is_some() {
-            ensure!(origins.contains(&Some(o)), "item {o} ({}) was dropped", kind(item));
+            ensure!(
+                origins.contains(&Some(o)),
+                "item {o} ({}) was dropped",
+                kind(item)
+            );
         }
     }
     Ok(())

@@ -58,15 +58,21 @@ async fn anthropic_python_sdk_works_unchanged_tool_use_and_streaming_included() 
     let seen = run_script("python3", script, vec![proxy.url(""), upstream.url()]).await;
 
     let received = upstream.received();
-    assert_eq!(received.len(), 8, "four requests, each sent direct and proxied");
+    assert_eq!(
+        received.len(),
+        8,
+        "four requests, each sent direct and proxied"
+    );
     let sent = seen["sent_messages"].as_array().expect("sent counts");
     for (pair, sent) in received.chunks(2).zip(sent) {
         let (original, forwarded) = (&pair[0], &pair[1]);
         assert_eq!(forwarded.uri.path(), "/v1/messages");
-        assert_eq!(len(&original.json()["messages"]), sent.as_u64().unwrap() as usize);
-        check_anthropic(&original.body, &forwarded.body).unwrap_or_else(|why| {
-            panic!("{why}\n{}", String::from_utf8_lossy(&forwarded.body))
-        });
+        assert_eq!(
+            len(&original.json()["messages"]),
+            sent.as_u64().unwrap() as usize
+        );
+        check_anthropic(&original.body, &forwarded.body)
+            .unwrap_or_else(|why| panic!("{why}\n{}", String::from_utf8_lossy(&forwarded.body)));
         assert!(
             len(&forwarded.json()["messages"]) < len(&original.json()["messages"]),
             "the history was compacted"
@@ -110,14 +116,20 @@ async fn drive_responses(program: &'static str, script: String, api_path: &str) 
     let seen = run_script(program, script, args).await;
 
     let received = upstream.received();
-    assert_eq!(received.len(), 4, "two requests, each sent direct and proxied");
+    assert_eq!(
+        received.len(),
+        4,
+        "two requests, each sent direct and proxied"
+    );
     for pair in received.chunks(2) {
         let (original, forwarded) = (&pair[0], &pair[1]);
         assert_eq!(forwarded.uri.path(), "/v1/responses");
-        assert_eq!(len(&original.json()["input"]), seen["sent_items"].as_u64().unwrap() as usize);
-        check_responses(&original.body, &forwarded.body).unwrap_or_else(|why| {
-            panic!("{why}\n{}", String::from_utf8_lossy(&forwarded.body))
-        });
+        assert_eq!(
+            len(&original.json()["input"]),
+            seen["sent_items"].as_u64().unwrap() as usize
+        );
+        check_responses(&original.body, &forwarded.body)
+            .unwrap_or_else(|why| panic!("{why}\n{}", String::from_utf8_lossy(&forwarded.body)));
         assert!(
             len(&forwarded.json()["input"]) < len(&original.json()["input"]),
             "the input was compacted"
@@ -142,8 +154,17 @@ async fn drive_responses(program: &'static str, script: String, api_path: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_python_sdk_responses_work_unchanged_streaming_included() {
-    if sdk_available("the openai Python package", "python3", &["-c", "import openai"]) {
-        drive_responses("python3", format!("{DIR}/openai_responses_python.py"), "/v1").await;
+    if sdk_available(
+        "the openai Python package",
+        "python3",
+        &["-c", "import openai"],
+    ) {
+        drive_responses(
+            "python3",
+            format!("{DIR}/openai_responses_python.py"),
+            "/v1",
+        )
+        .await;
     }
 }
 
@@ -155,6 +176,11 @@ async fn openai_node_sdk_responses_work_unchanged_streaming_included() {
         "node",
         &["-e", &format!("require('{probe}')")],
     ) {
-        drive_responses("node", format!("{DIR}/node/openai_responses_node.mjs"), "/v1").await;
+        drive_responses(
+            "node",
+            format!("{DIR}/node/openai_responses_node.mjs"),
+            "/v1",
+        )
+        .await;
     }
 }

@@ -439,10 +439,18 @@ fn anthropic_events(message: &serde_json::Value) -> Vec<String> {
     start["content"] = json!([]);
     start["stop_reason"] = serde_json::Value::Null;
     let mut events = vec![
-        event("message_start", json!({"type": "message_start", "message": start})),
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": start}),
+        ),
         event("ping", json!({"type": "ping"})),
     ];
-    for (index, block) in message["content"].as_array().into_iter().flatten().enumerate() {
+    for (index, block) in message["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         if block["type"] == "text" {
             events.push(event(
                 "content_block_start",
@@ -506,7 +514,10 @@ fn responses_events(text: &str) -> Vec<String> {
     let mut event = |mut data: serde_json::Value| {
         data["sequence_number"] = json!(sequence);
         sequence += 1;
-        format!("event: {}\ndata: {data}\n\n", data["type"].as_str().unwrap())
+        format!(
+            "event: {}\ndata: {data}\n\n",
+            data["type"].as_str().unwrap()
+        )
     };
     let item = |status: &str, text: &str| {
         json!({"type": "message", "id": "msg_mock", "status": status, "role": "assistant",
@@ -522,10 +533,19 @@ fn responses_events(text: &str) -> Vec<String> {
         base
     };
     let mut events = vec![
-        event(json!({"type": "response.created", "response": responses_object(text, "in_progress")})),
-        event(json!({"type": "response.in_progress", "response": responses_object(text, "in_progress")})),
-        event(json!({"type": "response.output_item.added", "output_index": 0, "item": item("in_progress", "")})),
-        event(with(at.clone(), json!({"type": "response.content_part.added", "part": part("")}))),
+        event(
+            json!({"type": "response.created", "response": responses_object(text, "in_progress")}),
+        ),
+        event(
+            json!({"type": "response.in_progress", "response": responses_object(text, "in_progress")}),
+        ),
+        event(
+            json!({"type": "response.output_item.added", "output_index": 0, "item": item("in_progress", "")}),
+        ),
+        event(with(
+            at.clone(),
+            json!({"type": "response.content_part.added", "part": part("")}),
+        )),
     ];
     for word in text.split_inclusive(' ') {
         events.push(event(with(
@@ -542,7 +562,9 @@ fn responses_events(text: &str) -> Vec<String> {
         json!({"type": "response.content_part.done", "part": part(text)}),
     )));
     events.push(event(json!({"type": "response.output_item.done", "output_index": 0, "item": item("completed", text)})));
-    events.push(event(json!({"type": "response.completed", "response": responses_object(text, "completed")})));
+    events.push(event(
+        json!({"type": "response.completed", "response": responses_object(text, "completed")}),
+    ));
     events
 }
 
