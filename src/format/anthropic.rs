@@ -15,9 +15,10 @@
 //! - `thinking` and `redacted_thinking` count as fixed chars and are kept
 //!   byte for byte with their signatures, inside their assistant turn;
 //! - `cache_control` markers are breakpoints: a marker on a block that goes
-//!   moves to the nearest kept block before it (or, with none before, the
-//!   first kept after), never onto a block that has one and never onto a
-//!   thinking block (the API refuses it there, and its bytes are signed).
+//!   moves to the nearest kept block before it that has none (or, with
+//!   none before, the nearest after), so their number stays the same unless
+//!   every block left has one; never onto a thinking block (the API refuses
+//!   it there, and its bytes are signed).
 //!
 //! Any other block type is refused (`unsupported-message`).
 
@@ -449,6 +450,24 @@ mod tests {
         let out = compact(&body, 60, 2).expect("compacted");
         let kept = &out["messages"][1]["content"];
         assert_eq!(kept[0], thinking, "{out}");
+        assert_eq!(kept[1]["cache_control"], marker, "{out}");
+    }
+
+    #[test]
+    fn a_moved_cache_control_skips_blocks_that_have_one_so_none_is_lost() {
+        let marker = json!({"type": "ephemeral"});
+        let image = json!({"type": "image", "source": {"type": "url", "url": "https://x/a.png"}});
+        let body = json!({
+            "messages": [
+                {"role": "user", "content": "task"},
+                {"role": "assistant", "content": [{"type": "text", "text": long("old"), "cache_control": marker}]},
+                {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": marker}, image]}
+            ]
+        });
+        let out = compact(&body, 60, 1).expect("compacted");
+        assert_eq!(out["messages"].as_array().unwrap().len(), 2, "{out}");
+        let kept = &out["messages"][1]["content"];
+        assert_eq!(kept[0]["cache_control"], marker, "{out}");
         assert_eq!(kept[1]["cache_control"], marker, "{out}");
     }
 
