@@ -20,3 +20,4 @@ mod proxy_transparency;
 mod proxy_upgrade;
 mod sdk_formats;
 mod sdk_openai;
+mod stable_mode;
