@@ -1,6 +1,7 @@
 //! Property tests of the Anthropic Messages and OpenAI Responses formats:
 //! random conversations (parallel tool use, thinking blocks with
-//! signatures, images, `cache_control` on varied blocks; reasoning items,
+//! signatures, images and documents, `cache_control` on varied blocks,
+//! results without content, a prefilled answer; reasoning items,
 //! function calls with their outputs, item references) compacted under
 //! random policies, exact and stable. Each forwarded body must pass the
 //! API's checker ([`crate::format_rules`]), keep everything outside the
@@ -188,7 +189,9 @@ fn anthropic_body(first: &Turn, turns: &[Turn], top: u32) -> Vec<u8> {
         }
         for (c, id) in calls.iter().enumerate() {
             let body = text(ids.next(), len / 2, f >> 5);
-            let content = if bit(f, 5) {
+            let content = if bit(f, 21) && c == 0 {
+                Value::Null // a result with no content: the call's effect was enough
+            } else if bit(f, 5) {
                 let mut parts = vec![maybe_cache(json!({"type": "text", "text": body}), f, 12)];
                 if bit(f, 6) {
                     parts.push(json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}));
@@ -197,11 +200,11 @@ fn anthropic_body(first: &Turn, turns: &[Turn], top: u32) -> Vec<u8> {
             } else {
                 Value::String(body)
             };
-            user.push(maybe_cache(
-                json!({"type": "tool_result", "tool_use_id": id, "content": content, "is_error": c == 1}),
-                f,
-                13 + c as u32,
-            ));
+            let mut result = json!({"type": "tool_result", "tool_use_id": id, "is_error": c == 1});
+            if !content.is_null() {
+                result["content"] = content;
+            }
+            user.push(maybe_cache(result, f, 13 + c as u32));
         }
         if calls.is_empty() || bit(f, 7) {
             if bit(f, 16) {
@@ -226,6 +229,10 @@ fn anthropic_body(first: &Turn, turns: &[Turn], top: u32) -> Vec<u8> {
         } else {
             Value::Array(user)
         }}));
+    }
+    if bit(top, 4) {
+        // A prefill: the answer's opening, which the model continues.
+        messages.push(json!({"role": "assistant", "content": format!("[t{}] Sure,", ids.next())}));
     }
     let mut body = json!({
         "model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": messages,
