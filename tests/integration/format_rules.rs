@@ -261,7 +261,7 @@ pub fn check_anthropic(original: &[u8], forwarded: &[u8]) -> Verdict {
     Ok(())
 }
 
-/// Every identity a Responses item carries.
+/// The identity of a Responses item, when it has one.
 fn responses_identity(item: &Value) -> Option<String> {
     let kind = item["type"].as_str().unwrap_or("message");
     if let Some(id) = item["id"].as_str() {
