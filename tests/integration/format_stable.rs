@@ -49,7 +49,8 @@ fn anthropic_requests(turns: usize) -> Vec<Vec<u8>> {
     requests
 }
 
-/// The same as Responses requests.
+/// The same as Responses requests; each tool-calling model turn is a
+/// reasoning item, a preamble message and the call, as GPT-5 answers.
 fn responses_requests(turns: usize) -> Vec<Vec<u8>> {
     let mut input = vec![json!({"role": "user", "content": words("task", 3)})];
     let mut requests = Vec::new();
@@ -61,6 +62,8 @@ fn responses_requests(turns: usize) -> Vec<Vec<u8>> {
     send(&input);
     for t in 0..turns {
         input.push(json!({"type": "reasoning", "id": format!("rs_{t}"), "summary": [{"type": "summary_text", "text": format!("step {t}")}]}));
+        // One model turn: reasoning, a preamble message, then the call.
+        input.push(json!({"type": "message", "role": "assistant", "id": format!("pre_{t}"), "content": [{"type": "output_text", "text": words(&format!("pre{t}"), 3)}]}));
         input.push(json!({"type": "function_call", "id": format!("fc_{t}"), "call_id": format!("call_{t}"), "name": "read", "arguments": format!("{{\"turn\":{t}}}")}));
         input.push(json!({"type": "function_call_output", "call_id": format!("call_{t}"), "output": words(&format!("out{t}"), 12)}));
         send(&input);
@@ -116,6 +119,15 @@ async fn turns_extend_each_other(
                 turn - 1,
                 short(previous),
                 short(&items)
+            );
+            let stable: usize = answer
+                .header("x-compaction-stable-messages")
+                .and_then(|v| v.parse().ok())
+                .expect("stable mode reports its stable messages");
+            assert_eq!(
+                stable,
+                previous.len(),
+                "turn {turn} ({status}): the previous turn's forwarded items are the stable ones"
             );
             // Counted when both turns were compacted: the case that matters.
             extended += usize::from(status == "compacted" && previous_compacted);
