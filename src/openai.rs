@@ -215,7 +215,7 @@ impl<'a> ChatBody<'a> {
                 None => Content::None,
                 Some(c) => parse_content(raw, c).ok_or(Skip::UnsupportedMessage(
                     i,
-                    "content is not a string, array or null",
+                    "content is not a string, null, or an array of readable parts",
                 ))?,
             };
             let mut fixed_chars = 0;
@@ -344,17 +344,24 @@ fn parse_content<'a>(message: &'a str, content: &'a RawValue) -> Option<Content<
                 .into_iter()
                 .map(|item| {
                     let raw = item.get();
-                    let text = (raw.starts_with('{'))
-                        .then(|| serde_json::from_str::<PartFields>(raw).ok())
-                        .flatten()
+                    let fields = if raw.starts_with('{') {
+                        // An object part we cannot read (a duplicate "text"
+                        // or "type" key, which the upstream's parser reads
+                        // as the last one) would count zero chars: skip the
+                        // body rather than let it past the budget.
+                        Some(serde_json::from_str::<PartFields>(raw).ok()?)
+                    } else {
+                        None
+                    };
+                    let text = fields
                         .filter(|p| p.kind == "text")
                         .and_then(|p| p.text)
                         .and_then(|t| {
                             Some((span(raw, t.get()), serde_json::from_str(t.get()).ok()?))
                         });
-                    Part { raw, text }
+                    Some(Part { raw, text })
                 })
-                .collect();
+                .collect::<Option<_>>()?;
             Some(Content::Parts {
                 span: span(message, raw),
                 parts,

@@ -41,7 +41,7 @@ use crate::cache::CompactionCache;
 use crate::error::ProxyError;
 use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
 use crate::policy::{Resolution, Runtime};
-use body::{BodyEnd, ProxyBody};
+use body::{BodyEnd, Collected, ProxyBody};
 use forward::Upstream;
 
 /// State shared by all requests. The runtime (config and policies) is
@@ -51,8 +51,11 @@ pub struct AppState {
     pub metrics: Metrics,
     pub cache: CompactionCache,
     upstream: Upstream,
-    /// One permit per core: compactions beyond that queue (see [`compact`]).
-    compactions: Arc<tokio::sync::Semaphore>,
+    /// One permit per core: compactions beyond that queue (see [`compact`]);
+    /// `/v1/memory-compact` takes the same permits.
+    pub(crate) compactions: Arc<tokio::sync::Semaphore>,
+    /// Request bytes held in memory across all requests.
+    pub buffers: Arc<body::BufferBudget>,
     shutting_down: AtomicBool,
     /// Upgraded connections (WebSocket) still open: hyper's graceful
     /// shutdown no longer sees them, so the drain waits for them here.
@@ -72,6 +75,7 @@ impl AppState {
             compactions: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
+            buffers: body::BufferBudget::new(),
             shutting_down: AtomicBool::new(false),
             open_tunnels: AtomicUsize::new(0),
             tunnel_closed: tokio::sync::Notify::new(),
@@ -130,6 +134,10 @@ impl Drop for TunnelGuard {
 
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
+    if let Err(refused) = server::check_request(&request) {
+        let (parts, body) = refused.to_response().into_parts();
+        return Response::from_parts(parts, body::full(body));
+    }
     let request = match crate::admin::handle(&state, request).await {
         Ok(answered) => return answered,
         Err(request) => request,
@@ -174,19 +182,15 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         .await;
     }
 
-    let limit = runtime.config.server.max_body_bytes;
-    let declared_too_large = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|n| n > limit as u64);
-    let received = if declared_too_large {
-        Err(ProxyError::BodyTooLarge { limit })
-    } else {
-        body::collect_limited(body, limit).await
-    };
-    let raw = match received {
-        Ok(raw) => raw,
+    let received = body::collect_request(
+        &parts,
+        body,
+        body::limits(&runtime.config.server),
+        &state.buffers,
+    )
+    .await;
+    let Collected { bytes: raw, hold } = match received {
+        Ok(collected) => collected,
         Err(e) => return refuse(e, Some(&resolution), record),
     };
     let coding = body::request_coding(&parts.headers);
@@ -218,7 +222,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         &state,
         &runtime,
         parts,
-        body::full(body),
+        body::full_holding(body, hold),
         Some(verdict),
         record,
     )
@@ -329,10 +333,11 @@ async fn forward(
     let header_timeout =
         Duration::from_secs_f64(runtime.config.upstream.response_header_timeout_secs);
     let idle = Duration::from_secs_f64(runtime.config.upstream.idle_timeout_secs);
+    let body_idle = Duration::from_secs_f64(runtime.config.server.body_idle_timeout_secs);
     let sent = Instant::now();
     let mut response = match state
         .upstream
-        .send(Request::from_parts(parts, body), header_timeout)
+        .send(Request::from_parts(parts, body), header_timeout, body_idle)
         .await
     {
         Ok(response) => response,

@@ -6,6 +6,7 @@ mod binary;
 mod chart_files;
 mod engine_properties;
 mod engine_vectors;
+mod hostile;
 mod metrics_scrape;
 mod openai_properties;
 mod proxy_basics;
