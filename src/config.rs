@@ -536,6 +536,14 @@ fn section<T: DeserializeOwned>(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_file_of_blanks_and_comments_sets_nothing() {
+        assert!(is_blank(""));
+        assert!(is_blank("\n   \n# upstream moved\n  # nothing else\n"));
+        assert!(!is_blank("[server]\n"));
+        assert!(!is_blank("# comment\nx = 1"));
+    }
+
     fn load_str(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
         let dir = std::env::temp_dir().join(format!(
             "cp-config-{}-{}",

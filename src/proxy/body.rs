@@ -621,6 +621,111 @@ mod tests {
         assert!(err.is_client_error(), "{err}");
     }
 
+    /// A body of one-byte frames with no declared length.
+    struct OneByteFrames(usize);
+
+    impl Body for OneByteFrames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            if self.0 == 0 {
+                return Poll::Ready(None);
+            }
+            self.0 -= 1;
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
+        }
+    }
+
+    fn one_byte_frames(n: usize) -> OneByteFrames {
+        OneByteFrames(n)
+    }
+
+    fn limits(max_bytes: usize, max_buffered: usize) -> CollectLimits {
+        CollectLimits {
+            max_bytes,
+            idle: Duration::from_secs(5),
+            max_buffered,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_byte_frames_fill_one_buffer_of_at_most_twice_the_body() {
+        let budget = BufferBudget::new();
+        let mut body = one_byte_frames(100_000);
+        let collected = collect_limited(&mut body, limits(1 << 20, 1 << 30), &budget)
+            .await
+            .unwrap();
+        assert_eq!(collected.bytes.len(), 100_000);
+        assert!(collected.hold.bytes() >= 100_000);
+        assert!(
+            collected.hold.bytes() <= 200_000,
+            "{}",
+            collected.hold.bytes()
+        );
+        assert_eq!(budget.held(), collected.hold.bytes());
+        drop(collected);
+        assert_eq!(budget.held(), 0, "given back on drop");
+    }
+
+    #[tokio::test]
+    async fn the_limit_counts_what_is_held_and_the_budget_what_all_hold() {
+        let budget = BufferBudget::new();
+        let mut body = one_byte_frames(1001);
+        let err = collect_limited(&mut body, limits(1000, 1 << 30), &budget)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::BodyTooLarge { limit: 1000 }));
+        assert_eq!(budget.held(), 0);
+
+        let first = collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+            .await
+            .unwrap();
+        let err = collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::Overloaded), "{err}");
+        drop(first);
+        assert!(
+            collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_is_one_allocation() {
+        let budget = BufferBudget::new();
+        let mut body = http_body_util::Full::new(Bytes::from(vec![b'a'; 5000]));
+        let collected = collect_limited(&mut body, limits(10_000, 1 << 30), &budget)
+            .await
+            .unwrap();
+        assert_eq!(collected.hold.bytes(), 5000);
+    }
+
+    #[tokio::test]
+    async fn a_silent_body_times_out() {
+        struct Silent;
+        impl http_body::Body for Silent {
+            type Data = Bytes;
+            type Error = std::convert::Infallible;
+            fn poll_frame(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+                Poll::Pending
+            }
+        }
+        let mut limits = limits(10, 10);
+        limits.idle = Duration::from_millis(20);
+        let err = collect_limited(&mut Silent, limits, &BufferBudget::new())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "body_timeout");
+    }
+
     #[test]
     fn codings_are_read_case_insensitively() {
         let mut h = HeaderMap::new();

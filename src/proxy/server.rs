@@ -291,3 +291,50 @@ impl Body for BusyBody {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, target: &str, te: Option<&str>) -> Request<()> {
+        let mut builder = Request::builder().method(method).uri(target);
+        if let Some(te) = te {
+            builder = builder.header(header::TRANSFER_ENCODING, te);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn origin_and_absolute_form_targets_pass() {
+        for target in [
+            "/v1/chat/completions?x=1",
+            "http://gw.example/v1/models",
+            "/",
+        ] {
+            assert!(
+                check_request(&request("GET", target, None)).is_ok(),
+                "{target}"
+            );
+        }
+        assert!(check_request(&request("POST", "/v1/files", Some("chunked"))).is_ok());
+        assert!(check_request(&request("POST", "/v1/files", Some("Chunked"))).is_ok());
+    }
+
+    #[test]
+    fn what_a_reverse_proxy_must_not_pass_on_is_refused() {
+        let refused = |r: Request<()>| check_request(&r).unwrap_err().code();
+        assert_eq!(
+            refused(request("CONNECT", "internal.example:443", None)),
+            "method_not_allowed"
+        );
+        assert_eq!(refused(request("GET", "x", None)), "invalid_request_target");
+        assert_eq!(
+            refused(request("OPTIONS", "*", None)),
+            "invalid_request_target"
+        );
+        assert_eq!(
+            refused(request("POST", "/v1/files", Some("gzip, chunked"))),
+            "unsupported_transfer_coding"
+        );
+    }
+}
