@@ -1,14 +1,18 @@
 //! The reverse proxy. One request's path through it, in order:
 //!
-//! 1. **accept** ([`server`]): TCP with Nagle off, HTTP/1.1 or HTTP/2.
+//! 1. **accept** ([`server`]): TCP with Nagle off, HTTP/1.1 or HTTP/2, at
+//!    most `max_connections` at once, header, keep-alive and body
+//!    timeouts; `CONNECT`, targets that are not paths and transfer codings
+//!    other than chunked are refused ([`server::check_request`]).
 //! 2. **admin** ([`crate::admin`]): `/healthz`, `/readyz`, `/metrics` and
 //!    `/v1/memory-compact` are answered here, never forwarded.
 //! 3. **route + policy** ([`crate::policy::Runtime::resolve`]): the first
 //!    matching route's policy, overridden by a configured tenant's.
 //!    Unmatched requests are forwarded untouched, body streamed.
-//! 4. **collect** ([`body`]): a POST on a matched route is collected up to
-//!    `max_body_bytes` (413 past it, nothing forwarded); gzip/deflate is
-//!    decoded under the same cap in step 5.
+//! 4. **collect** ([`body`]): a POST on a matched route is collected into
+//!    one buffer up to `max_body_bytes` (413 past it, nothing forwarded;
+//!    408 when it stalls), all bodies together under `max_buffered_bytes`
+//!    (503); gzip/deflate is decoded under the same cap in step 5.
 //! 5. **compact** ([`compact`], over [`crate::openai`], [`crate::engine`]
 //!    and [`crate::cache`]): `messages` is compacted under the policy on the
 //!    blocking pool; anything not compactable is forwarded as received and
@@ -135,6 +139,7 @@ impl Drop for TunnelGuard {
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
     if let Err(refused) = server::check_request(&request) {
+        tracing::warn!(method = %request.method(), code = refused.code(), "request refused: {refused}");
         let (parts, body) = refused.to_response().into_parts();
         return Response::from_parts(parts, body::full(body));
     }
