@@ -159,12 +159,27 @@ where
         return Err(ProxyError::Overloaded);
     }
     let mut buffer: Vec<u8> = Vec::with_capacity(first);
+    // One timer for the whole body, moved on only when it fires: a timer
+    // per frame would cost more than the frame for small chunks.
+    let mut last_frame = Instant::now();
+    let mut idle = std::pin::pin!(tokio::time::sleep(limits.idle));
     loop {
-        let frame = match tokio::time::timeout(limits.idle, body.frame()).await {
-            Err(_) => return Err(ProxyError::BodyTimeout(limits.idle.as_secs_f64())),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(ProxyError::ClientBody(e.into().to_string())),
-            Ok(Some(Ok(frame))) => frame,
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            () = &mut idle => {
+                if last_frame.elapsed() >= limits.idle {
+                    return Err(ProxyError::BodyTimeout(limits.idle.as_secs_f64()));
+                }
+                idle.as_mut().reset(last_frame + limits.idle);
+                continue;
+            }
+        };
+        last_frame = Instant::now();
+        let frame = match frame {
+            None => break,
+            Some(Err(e)) => return Err(ProxyError::ClientBody(e.into().to_string())),
+            Some(Ok(frame)) => frame,
         };
         let Ok(data) = frame.into_data() else {
             continue; // trailers: not part of the body
