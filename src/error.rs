@@ -170,7 +170,8 @@ fn anthropic_error_type(status: StatusCode) -> &'static str {
         413 => "request_too_large",
         429 => "rate_limit_error",
         504 => "timeout_error",
-        529 => "overloaded_error",
+        // Ours is a 503 (full buffers); Anthropic's own overload is a 529.
+        503 | 529 => "overloaded_error",
         s if (400..500).contains(&s) => "invalid_request_error",
         _ => "api_error",
     }
@@ -217,6 +218,21 @@ mod tests {
         let r = ProxyError::BodyTooLarge { limit: 1 }.to_response_in(crate::format::Format::Chat);
         let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(v["error"]["code"], "body_too_large");
+    }
+
+    #[test]
+    fn full_buffers_tell_every_client_to_retry() {
+        for format in [
+            crate::format::Format::Chat,
+            crate::format::Format::Anthropic,
+        ] {
+            let r = ProxyError::Overloaded.to_response_in(format);
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        }
+        let r = ProxyError::Overloaded.to_response_in(crate::format::Format::Anthropic);
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["error"]["type"], "overloaded_error");
     }
 
     #[test]
