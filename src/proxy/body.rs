@@ -102,6 +102,16 @@ impl Reservation {
         true
     }
 
+    /// Counts `bytes` whatever the budget: memory already allocated.
+    fn force_to(&mut self, bytes: usize) {
+        if bytes > self.bytes {
+            let more = bytes - self.bytes;
+            let now = self.budget.held.fetch_add(more, Ordering::AcqRel) + more;
+            self.budget.peak.fetch_max(now, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -203,18 +213,6 @@ where
         bytes: Bytes::from(buffer),
         hold,
     })
-}
-
-impl Reservation {
-    /// Counts `bytes` whatever the budget: memory already allocated.
-    fn force_to(&mut self, bytes: usize) {
-        if bytes > self.bytes {
-            let more = bytes - self.bytes;
-            let now = self.budget.held.fetch_add(more, Ordering::AcqRel) + more;
-            self.budget.peak.fetch_max(now, Ordering::AcqRel);
-            self.bytes = bytes;
-        }
-    }
 }
 
 /// The collection bounds in force under `server`.
