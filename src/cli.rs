@@ -24,49 +24,60 @@ use crate::proxy::{self, AppState};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Global: valid before or after the subcommand, so
+    /// `compaction-proxy --config f.toml check-config` checks `f.toml`.
     #[command(flatten)]
-    pub serve: ServeArgs,
+    pub global: GlobalArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (the default).
-    Serve(ServeArgs),
+    Serve,
     /// Compact one request read from stdin, offline.
     Compact {
-        #[arg(long)]
-        config: Option<PathBuf>,
         /// Policy for chat-completions bodies (default: the first route's).
         #[arg(long)]
         policy: Option<String>,
+        /// For a chat-completions body: print the per-message report (kept,
+        /// trimmed or dropped, with stage and reason) as JSON instead of
+        /// the body.
+        #[arg(long)]
+        report: bool,
     },
     /// Validate the configuration and print every problem.
-    CheckConfig {
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    CheckConfig,
 }
 
+/// The flags every command reads the configuration with.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct ServeArgs {
+pub struct GlobalArgs {
     /// TOML file layered over the embedded default.
-    #[arg(long)]
+    #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address to listen on, e.g. 127.0.0.1:8080.
-    #[arg(long)]
+    #[arg(long, global = true, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Upstream base URL, e.g. https://api.openai.com.
-    #[arg(long)]
+    /// Upstream base URL, e.g. https://api.openai.com or http://vllm:8000/v1.
+    #[arg(long, global = true, value_name = "URL")]
     pub upstream: Option<String>,
+}
+
+impl GlobalArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+        }
+    }
 }
 
 /// Runs the parsed command; the exit code says whether it succeeded.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        None => serve(cli.serve),
-        Some(Command::Serve(args)) => serve(args),
-        Some(Command::Compact { config, policy }) => compact(config, policy),
-        Some(Command::CheckConfig { config }) => check_config(config),
+        None | Some(Command::Serve) => serve(cli.global),
+        Some(Command::Compact { policy, report }) => compact(&cli.global, policy, report),
+        Some(Command::CheckConfig) => check_config(&cli.global),
     }
 }
 
@@ -78,8 +89,8 @@ fn load(file: Option<&PathBuf>, overrides: &Overrides) -> Result<Runtime, Config
     )?)
 }
 
-fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    match load(file.as_ref(), &Overrides::default()) {
+fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
+    match load(args.config.as_ref(), &args.overrides()) {
         Ok(rt) => {
             println!(
                 "configuration OK: {} policies, {} routes, upstream {}",
@@ -96,7 +107,7 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<ExitCode> {
+fn compact(args: &GlobalArgs, policy: Option<String>, report: bool) -> anyhow::Result<ExitCode> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
     let value: serde_json::Value = match serde_json::from_slice(&input) {
@@ -129,7 +140,7 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
         };
     }
 
-    let runtime = match load(file.as_ref(), &Overrides::default()) {
+    let runtime = match load(args.config.as_ref(), &args.overrides()) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{e}");
@@ -146,6 +157,9 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
     // As the proxy decides (same code): what cannot be compacted, and
     // everything under a dry-run policy, is forwarded as it came.
     let max_messages = runtime.config.server.max_messages;
+    if report {
+        return print_report(&input, &name, &policy, max_messages, &mut stdout);
+    }
     let outcome = match proxy::compact::outcome_of(&input, &policy, max_messages) {
         Ok(outcome) => outcome,
         Err(skip) => {
@@ -177,11 +191,56 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let overrides = Overrides {
-        listen: args.listen.clone(),
-        upstream: args.upstream.clone(),
+/// `compact --report`: one line per input message (kept, trimmed or
+/// dropped, by which stage and why) with the loss figures, as JSON.
+fn print_report(
+    input: &[u8],
+    name: &str,
+    policy: &crate::policy::CompiledPolicy,
+    max_messages: usize,
+    out: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
+    let chat = match crate::openai::ChatBody::parse_limited(input, max_messages) {
+        Ok(chat) => chat,
+        Err(skip) => {
+            eprintln!("policy {name}: skipped; {}: {skip}", skip.reason());
+            return Ok(ExitCode::FAILURE);
+        }
     };
+    let messages = chat.engine_messages(policy);
+    let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
+    // The engine runs even under budget here: the report then says why
+    // every message was kept.
+    let (report, rewritten) = chat.compact(policy);
+    let loss = crate::metrics::LossSummary::from_report(&report);
+    let outcome = crate::cache::Outcome {
+        loss,
+        rewritten: rewritten.map(bytes::Bytes::from),
+    };
+    let status = proxy::compact::status_of(policy, &outcome).header();
+    let document = serde_json::json!({
+        "policy": name,
+        "status": status,
+        "loss": {
+            "input_chars": loss.input_chars,
+            "output_chars": loss.output_chars,
+            "input_messages": loss.input_messages,
+            "output_messages": loss.output_messages,
+            "dropped_messages": loss.dropped_messages,
+            "deduped_messages": loss.deduped_messages,
+            "trimmed_messages": loss.trimmed_messages,
+            "retained_ratio": loss.retained_ratio,
+            "budget_met": loss.budget_met,
+        },
+        "messages": crate::explain::fates(&report, &roles),
+    });
+    serde_json::to_writer_pretty(&mut *out, &document)?;
+    writeln!(out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
+    let overrides = args.overrides();
     let runtime = match load(args.config.as_ref(), &overrides) {
         Ok(rt) => rt,
         Err(e) => {
@@ -194,8 +253,36 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     tokio.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(runtime.listen).await?;
-        tracing::info!(listen = %listener.local_addr()?, upstream = %runtime.upstream, "compaction-proxy listening");
+        let listener = match tokio::net::TcpListener::bind(runtime.listen).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(listen = %runtime.listen, error = %e, "cannot listen");
+                eprintln!("error: cannot listen on {}: {e}", runtime.listen);
+                return Ok(ExitCode::FAILURE);
+            }
+        };
+        let names = |keys: Vec<&String>| {
+            keys.iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let routes = runtime
+            .config
+            .routes
+            .iter()
+            .map(|r| format!("{}->{}", r.path, r.policy))
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(
+            listen = %listener.local_addr()?,
+            upstream = %runtime.upstream,
+            config = %args.config.as_ref().map_or("(embedded default)".into(), |p| p.display().to_string()),
+            policies = %names(runtime.config.policies.keys().collect()),
+            routes = %routes,
+            tenants = %names(runtime.config.tenants.policies.keys().collect()),
+            "compaction-proxy listening"
+        );
         let state = AppState::new(runtime);
         tokio::spawn(reload_on_sighup(state.clone(), args, overrides));
         proxy::server::serve(listener, state, shutdown_signal()).await;
@@ -206,8 +293,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: `kubectl logs` and files get
+    // plain text.
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -230,7 +321,7 @@ const CONFIG_POLL: Duration = Duration::from_secs(1);
 /// Reloads the configuration on SIGHUP and when the config file changes
 /// (polled: cheap, and it sees Kubernetes' ConfigMap symlink swaps). A bad
 /// file is refused with its problems logged; the configuration in force stays.
-async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Overrides) {
+async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Overrides) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(hup) => Some(hup),
@@ -292,8 +383,10 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
                     "configuration reloaded"
                 );
                 state.reload(runtime);
+                state.metrics.config_reload(crate::metrics::RELOAD_APPLIED);
             }
             Err(errors) => {
+                state.metrics.config_reload(crate::metrics::RELOAD_REFUSED);
                 tracing::error!(reason, problems = %errors, "configuration reload refused; the previous configuration stays in force");
             }
         }

@@ -52,7 +52,7 @@ impl ProxyError {
     /// The OpenAI error `type`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ProxyError::InvalidRequest(_) => "invalid_request",
+            // One spelling for every client error, as OpenAI's API uses.
             e if e.status().is_client_error() => "invalid_request_error",
             _ => "proxy_error",
         }

@@ -20,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod explain;
 pub mod memory_compact;
 pub mod metrics;
 pub mod openai;

@@ -175,7 +175,12 @@ impl Runtime {
 
         let mut routes = Vec::new();
         for (i, r) in config.routes.iter().enumerate() {
-            if !r.path.starts_with('/') {
+            if r.path.is_empty() {
+                problem(
+                    format!("routes[{i}].path"),
+                    "is required: an exact path, or a prefix ending in *".into(),
+                );
+            } else if !r.path.starts_with('/') {
                 problem(format!("routes[{i}].path"), "must start with /".into());
             }
             let (path, prefix) = match r.path.strip_suffix('*') {
@@ -189,6 +194,10 @@ impl Runtime {
                     policy: policy.clone(),
                 }),
                 None if config.policies.contains_key(&r.policy) => {} // already reported
+                None if r.policy.is_empty() => problem(
+                    format!("routes[{i}].policy"),
+                    "is required: the name of a policy".into(),
+                ),
                 None => problem(
                     format!("routes[{i}].policy"),
                     format!("no policy named {:?}", r.policy),
@@ -308,38 +317,41 @@ fn parse_upstream(url: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
-fn compile_policy(
-    name: &str,
-    p: &PolicyConfig,
-) -> Result<CompiledPolicy, Vec<(&'static str, String)>> {
+fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(String, String)>> {
     let mut problems = Vec::new();
     if p.budget_chars == 0 {
-        problems.push(("budget_chars", "must be at least 1".to_owned()));
+        problems.push(("budget_chars".into(), "must be at least 1".to_owned()));
     }
     if !(p.duplicate_threshold > 0.0 && p.duplicate_threshold <= 1.0) {
-        problems.push(("duplicate_threshold", "must be in (0, 1]".to_owned()));
+        problems.push(("duplicate_threshold".into(), "must be in (0, 1]".to_owned()));
     }
     if p.keep_last_n == 0 {
         // With nothing protected the drop stage may remove every message,
         // and an empty `messages` array is a request the upstream refuses.
         problems.push((
-            "keep_last_n",
+            "keep_last_n".into(),
             "must be at least 1 in the proxy: the latest message is the one the model answers"
                 .to_owned(),
         ));
     }
     if p.max_message_chars == 0 {
-        problems.push(("max_message_chars", "must be at least 1".to_owned()));
+        problems.push(("max_message_chars".into(), "must be at least 1".to_owned()));
     }
     if p.mode == Mode::Stable {
         problems.push((
-            "mode",
+            "mode".into(),
             "\"stable\" is not available in this version; use \"exact\"".to_owned(),
         ));
     }
+    // Each pattern on its own first, so every bad one is named by index.
+    for (i, pattern) in p.pin_patterns.iter().enumerate() {
+        if let Err(e) = regex::Regex::new(pattern) {
+            problems.push((format!("pin_patterns[{i}]"), e.to_string()));
+        }
+    }
     let pin_patterns = RegexSet::new(&p.pin_patterns).map_err(|e| e.to_string());
-    if let Err(e) = &pin_patterns {
-        problems.push(("pin_patterns", e.clone()));
+    if let (Err(e), true) = (&pin_patterns, problems.is_empty()) {
+        problems.push(("pin_patterns".into(), e.clone()));
     }
     match pin_patterns {
         Ok(pin_patterns) if problems.is_empty() => Ok(CompiledPolicy {
@@ -401,6 +413,24 @@ mod tests {
     }
 
     #[test]
+    fn tenant_values_match_exactly_and_case_sensitively() {
+        // Tenant ids are opaque keys (often from an auth layer): folding
+        // case could merge two tenants, so `Acme` is not `acme`. The header
+        // name, like every HTTP header name, matches in any case.
+        let rt =
+            runtime("[policies.small]\nbudget_chars = 10\n[tenants.policies]\nacme = \"small\"")
+                .unwrap();
+        let tenant_of = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("X-Tenant-Id", value.parse().unwrap());
+            rt.resolve("/v1/chat/completions", &headers).unwrap().tenant
+        };
+        assert_eq!(tenant_of("acme"), "acme");
+        assert_eq!(tenant_of("ACME"), OTHER_TENANT);
+        assert_eq!(tenant_of("Acme"), OTHER_TENANT);
+    }
+
+    #[test]
     fn unmatched_paths_resolve_to_nothing() {
         let rt = runtime("").unwrap();
         assert!(rt.resolve("/v1/models", &HeaderMap::new()).is_none());
@@ -443,7 +473,7 @@ mod tests {
                 "upstream.url",
                 "policies.bad.budget_chars",
                 "policies.bad.duplicate_threshold",
-                "policies.bad.pin_patterns",
+                "policies.bad.pin_patterns[0]",
                 "routes[0].path",
                 "routes[0].policy",
                 "tenants.policies.acme",

@@ -149,6 +149,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     record.tenant = resolution.tenant.clone();
 
     let (mut parts, body) = request.into_parts();
+    let bypass_refused = !resolution.policy.allow_bypass && headers::wants_bypass(&parts.headers);
     // Requests that are not compacted keep their body streaming.
     let untouched = if parts.method != Method::POST {
         Some(Status::Skipped("not-post"))
@@ -162,6 +163,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             resolution,
             status,
             loss: None,
+            bypass_refused,
         };
         return forward(
             &state,
@@ -213,6 +215,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         resolution,
         status,
         loss,
+        bypass_refused,
     };
     forward(
         &state,
@@ -235,6 +238,8 @@ struct Verdict {
     resolution: Resolution,
     status: Status,
     loss: Option<LossSummary>,
+    /// A bypass was asked for and the policy refuses it.
+    bypass_refused: bool,
 }
 
 impl Verdict {
@@ -245,6 +250,9 @@ impl Verdict {
             &self.resolution.policy.name,
             self.loss.as_ref(),
         );
+        if self.bypass_refused {
+            headers::note_bypass_refused(headers);
+        }
     }
 }
 
@@ -364,6 +372,7 @@ async fn forward(
         v.write_to(&mut parts.headers);
     }
     record.upstream_status = Some(parts.status.as_u16());
+    record.upstream_first_byte_seconds = Some(sent.elapsed().as_secs_f64());
     record.response_status = parts.status.as_u16();
 
     let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {
