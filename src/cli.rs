@@ -218,22 +218,12 @@ fn print_report(
         rewritten: rewritten.map(bytes::Bytes::from),
     };
     let status = proxy::compact::status_of(policy, &outcome).header();
-    let document = serde_json::json!({
-        "policy": name,
-        "status": status,
-        "loss": {
-            "input_chars": loss.input_chars,
-            "output_chars": loss.output_chars,
-            "input_messages": loss.input_messages,
-            "output_messages": loss.output_messages,
-            "dropped_messages": loss.dropped_messages,
-            "deduped_messages": loss.deduped_messages,
-            "trimmed_messages": loss.trimmed_messages,
-            "retained_ratio": loss.retained_ratio,
-            "budget_met": loss.budget_met,
-        },
-        "messages": crate::explain::fates(&report, &roles),
-    });
+    let document = crate::explain::RequestReport {
+        policy: name,
+        status,
+        loss,
+        messages: crate::explain::fates(&report, &roles),
+    };
     serde_json::to_writer_pretty(&mut *out, &document)?;
     writeln!(out)?;
     Ok(ExitCode::SUCCESS)

@@ -33,6 +33,16 @@ pub struct MessageFate {
     pub chars: usize,
 }
 
+/// What `compaction-proxy compact --report` prints for a chat body.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestReport<'a> {
+    pub policy: &'a str,
+    /// As `x-compaction-status` would say.
+    pub status: String,
+    pub loss: crate::metrics::LossSummary,
+    pub messages: Vec<MessageFate>,
+}
+
 /// Folds `report` into one line per input message; `roles` are the input
 /// messages' roles in order (the report names only the survivors').
 pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {

@@ -66,7 +66,7 @@ impl std::fmt::Display for Status {
 }
 
 /// The loss figures reported in headers and metrics.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct LossSummary {
     pub input_chars: usize,
     pub output_chars: usize,

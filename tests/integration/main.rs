@@ -8,6 +8,7 @@ mod engine_properties;
 mod engine_vectors;
 mod metrics_scrape;
 mod openai_properties;
+mod operator;
 mod proxy_basics;
 mod proxy_failures;
 mod proxy_streaming;

@@ -1,0 +1,318 @@
+//! What a newcomer and an operator meet: flags wherever they are put,
+//! check-config reporting everything at once, the per-message report, the
+//! example files the README uses, the startup and bind-failure log lines,
+//! and an upstream base URL with a path prefix.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use compaction_proxy::metrics::LossSummary;
+use compaction_proxy::openai::ChatBody;
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_compaction-proxy");
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Runs the binary in the repository root (where the README's commands
+/// run), with `stdin`, without our COMPACTION_PROXY_ environment.
+fn run(args: &[&str], stdin: &[u8]) -> Output {
+    let mut command = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("COMPACTION_PROXY_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command
+        .args(args)
+        .current_dir(repo(""))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary starts");
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&stdin);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+// ---------------------------------------------------------------------------
+// flags
+// ---------------------------------------------------------------------------
+
+#[test]
+fn config_before_or_after_the_subcommand_is_read() {
+    let bad = temp_file("bad.toml", b"[policies.default]\nbudget_chars = 0\n");
+    let bad = bad.to_str().unwrap();
+    for args in [
+        ["--config", bad, "check-config"],
+        ["check-config", "--config", bad],
+    ] {
+        let out = run(&args, b"");
+        assert!(
+            !out.status.success(),
+            "{args:?} passed a bad file:\n{}",
+            text(&out.stdout)
+        );
+        assert!(
+            text(&out.stderr).contains("policies.default.budget_chars"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    // --upstream is read by check-config too, in either place.
+    for args in [
+        ["--upstream", "ftp://nowhere", "check-config"],
+        ["check-config", "--upstream", "ftp://nowhere"],
+    ] {
+        let out = run(&args, b"");
+        assert!(!out.status.success(), "{args:?}");
+        assert!(text(&out.stderr).contains("upstream.url"), "{args:?}");
+    }
+}
+
+#[test]
+fn typos_in_commands_and_flags_get_a_suggestion() {
+    let out = run(&["check-confg"], b"");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("'check-config'"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["check-config", "--confg", "x.toml"], b"");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("'--config'"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// check-config
+// ---------------------------------------------------------------------------
+
+#[test]
+fn check_config_reports_every_problem_at_once_with_full_paths() {
+    // The issue's file: a typo'd key, a bad regex among good ones, a route to
+    // an unknown policy, and out-of-range values side by side.
+    let config = temp_file(
+        "everything-wrong.toml",
+        br#"
+[policies.small]
+budget_chars = 0
+keep_lst_n = 3
+duplicate_threshold = 1.5
+max_message_chars = -1
+pin_patterns = ["(?i)must not", "(unclosed", "fine"]
+
+[[routes]]
+path = "/v1/chat/completions"
+policy = "smal"
+"#,
+    );
+    let out = run(&["check-config", "--config", config.to_str().unwrap()], b"");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    for expected in [
+        "policies.small.keep_lst_n: unknown key; did you mean `keep_last_n`?",
+        "policies.small.budget_chars: must be at least 1",
+        "policies.small.duplicate_threshold: must be in (0, 1]",
+        "policies.small.max_message_chars: invalid value: integer `-1`",
+        "policies.small.pin_patterns[1]: regex parse error",
+        "routes[0].policy: no policy named \"smal\"",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    assert!(
+        !stderr.contains("pin_patterns[0]") && !stderr.contains("pin_patterns[2]"),
+        "only the bad pattern is named:\n{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// the README's commands and example files, as written
+// ---------------------------------------------------------------------------
+
+#[test]
+fn the_example_files_work_with_the_readme_commands() {
+    let out = run(
+        &["check-config", "--config", "examples/two-tenant.toml"],
+        b"",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let request = std::fs::read(repo("examples/request.json")).unwrap();
+    let out = run(&["compact"], &request);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["loss"]["dropped_messages"].as_u64().unwrap() > 0);
+
+    let chat = std::fs::read(repo("examples/chat-body.json")).unwrap();
+    let out = run(&["compact", "--policy", "default"], &chat);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).starts_with("policy default: "));
+    assert!(out.stdout.len() < chat.len(), "the body was compacted");
+}
+
+#[test]
+fn the_report_says_what_became_of_every_message() {
+    let chat = std::fs::read(repo("examples/chat-body.json")).unwrap();
+    let config = "examples/two-tenant.toml";
+    let out = run(
+        &[
+            "compact", "--config", config, "--policy", "small", "--report",
+        ],
+        &chat,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    // The same compaction computed in-process with the library.
+    let rt = runtime(
+        &std::fs::read_to_string(repo(config)).unwrap(),
+        "http://127.0.0.1:1",
+    );
+    let policy = rt.policy("small").unwrap();
+    let (engine, _) = ChatBody::parse(&chat).unwrap().compact(&policy);
+    let loss = LossSummary::from_report(&engine);
+
+    assert_eq!(report["policy"], "small");
+    assert_eq!(report["status"], "compacted");
+    assert_eq!(report["loss"]["dropped_messages"], loss.dropped_messages);
+    assert_eq!(report["loss"]["deduped_messages"], loss.deduped_messages);
+    let lines = report["messages"].as_array().unwrap();
+    assert_eq!(lines.len(), loss.input_messages, "one line per message");
+    let count = |fate: &str, stage: &str| {
+        lines
+            .iter()
+            .filter(|l| l["fate"] == fate && l["stage"] == stage)
+            .count()
+    };
+    assert_eq!(count("dropped", "dedupe"), loss.deduped_messages);
+    assert_eq!(
+        count("dropped", "drop"),
+        loss.dropped_messages - loss.deduped_messages
+    );
+    assert_eq!(count("trimmed", "trim"), loss.trimmed_messages);
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["index"], i, "in input order");
+        assert!(!line["reason"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(
+        lines[1]["reason"], "protected (pinned by rule: first user message or pin_patterns)",
+        "the task statement is pinned by default"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// serve: what it logs
+// ---------------------------------------------------------------------------
+
+/// Runs `serve` with `args` until `until` shows in stderr (or it exits),
+/// then stops it; returns stderr.
+fn serve_until(args: &[&str], until: &str) -> String {
+    let log = temp_file("serve.log", b"");
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        let exited = child.try_wait().unwrap().is_some();
+        if stderr.contains(until) || exited || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return std::fs::read_to_string(&log).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[test]
+fn the_startup_line_names_config_policies_routes_and_tenants_without_colour() {
+    let stderr = serve_until(
+        &[
+            "--config",
+            repo("examples/two-tenant.toml").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        "listening",
+    );
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("compaction-proxy listening"))
+        .unwrap_or_else(|| panic!("no startup line:\n{stderr}"));
+    for part in [
+        "two-tenant.toml",
+        "policies=default,small",
+        "routes=/v1/chat/completions->default",
+        "tenants=acme,globex",
+    ] {
+        assert!(line.contains(part), "{part} missing: {line}");
+    }
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no ANSI escapes off a terminal: {stderr:?}"
+    );
+}
+
+#[test]
+fn a_bind_failure_names_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let stderr = serve_until(&["--listen", &addr], "cannot listen");
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// upstream base URL with a path prefix
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn an_upstream_with_or_without_v1_reaches_v1_chat_completions() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    for base in [upstream.url(), format!("{}/v1", upstream.url())] {
+        let proxy = TestProxy::start("", &base).await;
+        let answer = send(post_json(
+            &proxy.url("/v1/chat/completions?x=1"),
+            body.to_string(),
+        ))
+        .await;
+        assert_eq!(answer.status, 200, "base {base}");
+        assert_eq!(
+            upstream.last().uri.path_and_query().unwrap().as_str(),
+            "/v1/chat/completions?x=1",
+            "base {base}"
+        );
+    }
+}
