@@ -316,3 +316,115 @@ async fn an_upstream_with_or_without_v1_reaches_v1_chat_completions() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// deployment: the sidecar recipe, rendered
+// ---------------------------------------------------------------------------
+
+/// The `ENV KEY=VALUE` lines of the Dockerfile: the image's environment.
+fn image_env() -> Vec<(String, String)> {
+    std::fs::read_to_string(repo("Dockerfile"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("ENV "))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// The first YAML block of the chart README's sidecar section.
+fn sidecar_recipe() -> serde_yaml::Value {
+    let readme = std::fs::read_to_string(repo("charts/compaction-proxy/README.md")).unwrap();
+    let section = &readme[readme
+        .find("## Running as a sidecar")
+        .expect("a sidecar section")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let end = start + section[start..].find("```").unwrap();
+    serde_yaml::from_str(&section[start..end]).expect("the recipe is valid YAML")
+}
+
+#[test]
+fn the_sidecar_recipe_keeps_the_proxy_on_loopback_in_the_image() {
+    let recipe = sidecar_recipe();
+    let containers = recipe["containers"].as_sequence().unwrap();
+    let proxy = containers
+        .iter()
+        .find(|c| c["name"] == "compaction-proxy")
+        .expect("a compaction-proxy container");
+    // Kubernetes: a container's env entries replace the image's variables
+    // of the same name.
+    let mut env = image_env();
+    assert!(
+        env.iter()
+            .any(|(k, _)| k == "COMPACTION_PROXY_SERVER__LISTEN"),
+        "the image sets a listen address: {env:?}"
+    );
+    for var in proxy["env"].as_sequence().into_iter().flatten() {
+        let (name, value) = (
+            var["name"].as_str().unwrap().to_owned(),
+            var["value"].as_str().unwrap().to_owned(),
+        );
+        env.retain(|(k, _)| *k != name);
+        env.push((name, value));
+    }
+    // The args, as the binary parses them (flags beat the environment).
+    let args: Vec<String> = proxy["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .map(|i| args[i + 1].clone())
+    };
+    let overrides = compaction_proxy::config::Overrides {
+        listen: flag("--listen"),
+        upstream: flag("--upstream"),
+    };
+    // The ConfigMap holds the chart's rendering of values.yaml, whose
+    // listen is config/default.toml's; the embedded default stands for it.
+    let config = compaction_proxy::config::load(None, env, &overrides).unwrap();
+    let listen: std::net::SocketAddr = config.server.listen.parse().unwrap();
+    assert!(
+        listen.ip().is_loopback(),
+        "the sidecar would listen on {listen}, reachable from the cluster network"
+    );
+    let app = containers.iter().find(|c| c["name"] == "app").unwrap();
+    let base_url = app["env"][0]["value"].as_str().unwrap();
+    assert_eq!(
+        base_url,
+        format!("http://{listen}/v1"),
+        "the app reaches it"
+    );
+}
+
+#[test]
+fn notes_and_chart_readme_agree_that_config_changes_reload() {
+    let notes =
+        std::fs::read_to_string(repo("charts/compaction-proxy/templates/NOTES.txt")).unwrap();
+    let readme = std::fs::read_to_string(repo("charts/compaction-proxy/README.md")).unwrap();
+    let words = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    for text in [words(&notes), words(&readme)] {
+        assert!(text.contains("reloads `config.toml`") || text.contains("reloads config.toml"));
+        assert!(text.contains("within about a minute"));
+        assert!(!text.contains("restart the app's pods yourself"));
+    }
+}
+
+#[test]
+fn the_docker_context_leaves_out_node_modules_and_the_install_pushes_the_image() {
+    let ignore = std::fs::read_to_string(repo(".dockerignore")).unwrap();
+    assert!(
+        ignore
+            .lines()
+            .any(|l| l.trim() == "tests/sdk/node/node_modules"),
+        "{ignore}"
+    );
+    let readme = std::fs::read_to_string(repo("charts/compaction-proxy/README.md")).unwrap();
+    let build = readme.find("docker build -t ").unwrap();
+    let push = readme.find("docker push ").expect("an image push step");
+    let install = readme.find("helm install cproxy").unwrap();
+    assert!(build < push && push < install, "build, push, then install");
+}
