@@ -428,3 +428,56 @@ fn the_docker_context_leaves_out_node_modules_and_the_install_pushes_the_image()
     let install = readme.find("helm install cproxy").unwrap();
     assert!(build < push && push < install, "build, push, then install");
 }
+
+#[test]
+fn the_dashboard_selects_job_namespace_and_instance_everywhere() {
+    let path = repo("charts/compaction-proxy/dashboards/compaction-proxy.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let names: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    for variable in ["job", "namespace", "instance"] {
+        assert!(names.contains(&variable), "{variable} missing: {names:?}");
+    }
+    let mut selectors = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            // Every series selector of ours carries the three variables.
+            for (at, _) in expr.match_indices('{') {
+                let before = &expr[..at];
+                let name_start = before
+                    .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .map_or(0, |i| i + 1);
+                let name = &before[name_start..];
+                if name.starts_with("compaction_proxy_") || name.starts_with("process_") {
+                    selectors += 1;
+                    assert!(
+                        expr[at..].starts_with(
+                            "{job=~\"$job\",namespace=~\"$namespace\",instance=~\"$instance\""
+                        ),
+                        "{}: {expr}",
+                        panel["title"]
+                    );
+                }
+            }
+        }
+    }
+    assert!(selectors > 40, "the scan found {selectors} selectors");
+    // The retained-ratio panels read the histogram that holds compacted
+    // requests only, and say so.
+    let ratio_panels = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["title"].as_str().unwrap().starts_with("Retained ratio"));
+    for panel in ratio_panels {
+        assert!(panel["description"]
+            .as_str()
+            .unwrap()
+            .contains("compacted requests only"));
+    }
+}
