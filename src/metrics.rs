@@ -756,6 +756,46 @@ mod tests {
         );
     }
 
+    /// Collects what a JSON subscriber writes while `f` runs.
+    fn json_log_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = sink.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn the_log_line_rounds_durations_to_microseconds() {
+        let m = Metrics::new();
+        let mut e = event(Status::Compacted, Some(loss(0.4)));
+        e.total_seconds = 0.002_327_404_999_999_999_7;
+        e.compaction_seconds = Some(0.000_123_456_7);
+        e.upstream_seconds = Some(1.0 / 3.0);
+        let log = json_log_of(|| e.emit(&m));
+        let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        let fields = &line["fields"];
+        assert_eq!(fields["total_ms"], 2.327, "{log}");
+        assert_eq!(fields["compaction_ms"], 0.123, "{log}");
+        assert_eq!(fields["upstream_ms"], 333.333, "{log}");
+        assert_eq!(fields["compaction"], "compacted", "{log}");
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn process_metrics_are_exported() {

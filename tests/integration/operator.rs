@@ -481,3 +481,107 @@ fn the_dashboard_selects_job_namespace_and_instance_everywhere() {
             .contains("compacted requests only"));
     }
 }
+
+// ---------------------------------------------------------------------------
+// how requests are counted and logged
+// ---------------------------------------------------------------------------
+
+/// A response body that sends its frames and then never ends (the
+/// upstream's end not yet read when the client leaves).
+struct ThenSilence(std::collections::VecDeque<bytes::Bytes>);
+
+impl http_body::Body for ThenSilence {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        match self.0.pop_front() {
+            Some(data) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// How a watched stream is recorded when the client leaves after `frames`.
+async fn ending_after(frames: &[&'static str]) -> compaction_proxy::proxy::body::BodyEnd {
+    use http_body_util::BodyExt;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let body = ThenSilence(
+        frames
+            .iter()
+            .map(|f| bytes::Bytes::from_static(f.as_bytes()))
+            .collect(),
+    );
+    let mut watched =
+        compaction_proxy::proxy::body::Watched::new(body, Duration::from_secs(60), move |end| {
+            tx.send(end).unwrap()
+        });
+    for _ in frames {
+        watched.frame().await.unwrap().unwrap();
+    }
+    drop(watched); // the client closes the connection
+    rx.recv().unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_that_delivered_its_terminal_event_is_complete_when_the_client_leaves() {
+    use compaction_proxy::proxy::body::BodyEnd;
+    for terminal in [
+        "data: [DONE]\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        "event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n",
+    ] {
+        let frames = ["data: {\"choices\":[]}\n\n", terminal];
+        assert_eq!(ending_after(&frames).await, BodyEnd::Complete, "{terminal}");
+    }
+    assert_eq!(
+        ending_after(&["data: {\"choices\":[]}\n\n"]).await,
+        BodyEnd::Abandoned,
+        "a client leaving mid-stream is still client-gone"
+    );
+}
+
+#[tokio::test]
+async fn deduplicated_messages_are_reported_apart_from_the_other_drops() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[policies.default]\nbudget_chars = 200\nkeep_last_n = 1\npin_first_user = false",
+        &upstream.url(),
+    )
+    .await;
+    let repeated = "the deploy failed again with the same timeout error on stage two";
+    let body = json!({"model": "m", "messages": [
+        {"role": "user", "content": repeated},
+        {"role": "assistant", "content": "Looking at it. ".repeat(8)},
+        {"role": "user", "content": repeated},
+        {"role": "assistant", "content": "Another answer here. ".repeat(8)},
+        {"role": "user", "content": "and now?"},
+    ]});
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    let number = |name: &str| -> usize { answer.header(name).unwrap().parse().unwrap() };
+    assert_eq!(number("x-compaction-deduped-messages"), 1);
+    assert!(
+        number("x-compaction-dropped-messages") > 1,
+        "dropped counts the duplicate and the drops"
+    );
+    let metrics = send(
+        http::Request::get(proxy.url("/metrics"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("compaction_proxy_deduped_messages_total{") && l.ends_with(" 1")
+        ),
+        "{text}"
+    );
+}
