@@ -585,3 +585,39 @@ async fn deduplicated_messages_are_reported_apart_from_the_other_drops() {
         "{text}"
     );
 }
+
+#[test]
+fn the_readme_loss_report_is_what_the_proxy_computes_for_the_example() {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let figures: std::collections::HashMap<&str, &str> = readme
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter_map(|w| Some((w[0].strip_prefix("x-compaction-")?.strip_suffix(':')?, w[1])))
+        .collect();
+    let chat = std::fs::read(repo("examples/chat-body.json")).unwrap();
+    let rt = runtime("", "http://127.0.0.1:1");
+    let policy = rt.policy("default").unwrap();
+    let (report, _) = ChatBody::parse(&chat).unwrap().compact(&policy);
+    let loss = LossSummary::from_report(&report);
+    let expected = [
+        ("status", "compacted".to_owned()),
+        ("policy", "default".to_owned()),
+        ("input-chars", loss.input_chars.to_string()),
+        ("output-chars", loss.output_chars.to_string()),
+        ("input-messages", loss.input_messages.to_string()),
+        ("output-messages", loss.output_messages.to_string()),
+        ("dropped-messages", loss.dropped_messages.to_string()),
+        ("deduped-messages", loss.deduped_messages.to_string()),
+        ("trimmed-messages", loss.trimmed_messages.to_string()),
+        ("retained-ratio", loss.retained_ratio.to_string()),
+        ("budget-met", loss.budget_met.to_string()),
+    ];
+    for (name, value) in expected {
+        assert_eq!(
+            figures.get(name),
+            Some(&value.as_str()),
+            "x-compaction-{name}"
+        );
+    }
+}
