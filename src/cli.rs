@@ -36,12 +36,16 @@ pub enum Command {
     Serve,
     /// Compact one request read from stdin, offline.
     Compact {
-        /// Policy for chat-completions bodies (default: the first route's).
+        /// Policy for API bodies (default: the first route's).
         #[arg(long)]
         policy: Option<String>,
-        /// For a chat-completions body: print the per-message report (kept,
-        /// trimmed or dropped, with stage and reason) as JSON instead of
-        /// the body.
+        /// The body's format: chat, anthropic or responses (default: chat
+        /// for a body with `messages`; a body with `budget_chars` is a
+        /// memory-compact request).
+        #[arg(long)]
+        format: Option<crate::format::Format>,
+        /// For an API body: print the per-message report (kept, trimmed or
+        /// dropped, with stage and reason) as JSON instead of the body.
         #[arg(long)]
         report: bool,
     },
@@ -76,7 +80,11 @@ impl GlobalArgs {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         None | Some(Command::Serve) => serve(cli.global),
-        Some(Command::Compact { policy, report }) => compact(&cli.global, policy, report),
+        Some(Command::Compact {
+            policy,
+            format,
+            report,
+        }) => compact(&cli.global, policy, format, report),
         Some(Command::CheckConfig) => check_config(&cli.global),
     }
 }
@@ -107,7 +115,12 @@ fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn compact(args: &GlobalArgs, policy: Option<String>, report: bool) -> anyhow::Result<ExitCode> {
+fn compact(
+    args: &GlobalArgs,
+    policy: Option<String>,
+    format: Option<crate::format::Format>,
+    report: bool,
+) -> anyhow::Result<ExitCode> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
     let value: serde_json::Value = match serde_json::from_slice(&input) {
@@ -118,7 +131,9 @@ fn compact(args: &GlobalArgs, policy: Option<String>, report: bool) -> anyhow::R
         }
     };
     let mut stdout = std::io::stdout().lock();
-    if value.get("budget_chars").is_some() || value.get("messages").is_none() {
+    let memory_compact_request =
+        value.get("budget_chars").is_some() || value.get("messages").is_none();
+    if format.is_none() && memory_compact_request {
         // The memory-compact API's request: print exactly what the API answers.
         return match memory_compact::validate(&value) {
             Ok(request) => {
@@ -157,10 +172,17 @@ fn compact(args: &GlobalArgs, policy: Option<String>, report: bool) -> anyhow::R
     // As the proxy decides (same code): what cannot be compacted, and
     // everything under a dry-run policy, is forwarded as it came.
     let max_messages = runtime.config.server.max_messages;
+    let format = format.unwrap_or_default();
     if report {
-        return print_report(&input, &name, &policy, max_messages, &mut stdout);
+        return print_report(&input, &name, &policy, format, max_messages, &mut stdout);
     }
-    let outcome = match proxy::compact::outcome_of(&input, &policy, max_messages) {
+    let outcome = match proxy::compact::outcome_of(
+        &input,
+        &policy,
+        format,
+        max_messages,
+        &crate::compaction::stable::NoCheckpoints,
+    ) {
         Ok(outcome) => outcome,
         Err(skip) => {
             stdout.write_all(&input)?;
@@ -197,31 +219,36 @@ fn print_report(
     input: &[u8],
     name: &str,
     policy: &crate::policy::CompiledPolicy,
+    format: crate::format::Format,
     max_messages: usize,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    let chat = match crate::openai::ChatBody::parse_limited(input, max_messages) {
-        Ok(chat) => chat,
+    let checkpoints = crate::compaction::stable::NoCheckpoints;
+    let (parsed, outcome) = match format.parse(input, max_messages).and_then(|parsed| {
+        let outcome =
+            proxy::compact::outcome_of(input, policy, format, max_messages, &checkpoints)?;
+        Ok((parsed, outcome))
+    }) {
+        Ok(both) => both,
         Err(skip) => {
             eprintln!("policy {name}: skipped; {}: {skip}", skip.reason());
             return Ok(ExitCode::FAILURE);
         }
     };
-    let messages = chat.engine_messages(policy);
+    // The status and loss are the proxy's own; the lines come from the
+    // engine run over the whole conversation, which runs here even under
+    // budget so that the report says why every message was kept.
+    let conversation = &parsed.conversation;
+    let messages = crate::compaction::engine_messages(conversation, policy);
     let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
-    // The engine runs even under budget here: the report then says why
-    // every message was kept.
-    let (report, rewritten) = chat.compact(policy);
-    let loss = crate::metrics::LossSummary::from_report(&report);
-    let outcome = crate::cache::Outcome {
-        loss,
-        rewritten: rewritten.map(bytes::Bytes::from),
-    };
-    let status = proxy::compact::status_of(policy, &outcome).header();
+    let report = crate::engine::compact(
+        &messages,
+        &crate::compaction::item_policy(conversation, policy),
+    );
     let document = crate::explain::RequestReport {
         policy: name,
-        status,
-        loss,
+        status: proxy::compact::status_of(policy, &outcome).header(),
+        loss: outcome.loss,
         messages: crate::explain::fates(&report, &roles),
     };
     serde_json::to_writer_pretty(&mut *out, &document)?;

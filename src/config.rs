@@ -104,12 +104,17 @@ impl Default for UpstreamConfig {
 pub struct CacheConfig {
     /// Bytes of request and forwarded bodies the cache may hold; 0 turns it off.
     pub max_bytes: u64,
+    /// Bytes of stable mode's replay checkpoints (a few bytes per forwarded
+    /// message of each recent conversation); 0 turns them off, which only
+    /// makes each turn replay its whole history.
+    pub checkpoint_max_bytes: u64,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
             max_bytes: 64 * 1024 * 1024,
+            checkpoint_max_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -120,7 +125,8 @@ pub enum Mode {
     /// Compact each request on its own.
     #[default]
     Exact,
-    /// Keep the forwarded prefix stable across turns (not in this version).
+    /// Keep the forwarded prefix stable across turns, so prompt caching
+    /// keeps working ([`crate::compaction::stable`]).
     Stable,
 }
 
@@ -148,6 +154,12 @@ pub struct PolicyConfig {
     pub allow_bypass: bool,
     /// Compute and report, but forward the original body.
     pub dry_run: bool,
+    /// Stable mode: a re-compaction brings the form down to this share of
+    /// the budget, so the next turns only append.
+    pub stable_target_ratio: f64,
+    /// Stable mode: a re-compaction keeps the leading items within this
+    /// share of the budget as they were, so their cached prefix survives.
+    pub stable_head_ratio: f64,
 }
 
 impl Default for PolicyConfig {
@@ -165,6 +177,8 @@ impl Default for PolicyConfig {
             pin_patterns: Vec::new(),
             allow_bypass: true,
             dry_run: false,
+            stable_target_ratio: 0.7,
+            stable_head_ratio: 0.4,
         }
     }
 }
@@ -184,9 +198,14 @@ impl PolicyConfig {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RouteConfig {
-    /// An exact path, or a prefix ending in `*`.
+    /// An exact path; a `*` segment matches any one segment, and a
+    /// trailing `*` any rest of the path.
     pub path: String,
     pub policy: String,
+    /// The body format; by default the one the path implies (`.../messages`
+    /// is anthropic, `.../responses` is responses, anything else chat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<crate::format::Format>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -447,7 +466,7 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
 /// value cannot hide another; unknown keys and bad values become problems
 /// at their full path, and the keys that read well are kept (the others
 /// take their defaults) so later checks still see them.
-fn section<T: DeserializeOwned + Serialize + Default>(
+fn section<T: DeserializeOwned + Default>(
     value: &Value,
     path: &str,
     problems: &mut Vec<ConfigProblem>,
@@ -459,12 +478,11 @@ fn section<T: DeserializeOwned + Serialize + Default>(
         });
         return T::default();
     };
-    let known = known_keys(&T::default());
-    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    let known = struct_fields::<T>();
     let mut good = serde_json::Map::new();
     for (key, v) in table {
         if !known.contains(&key.as_str()) {
-            problems.push(unknown_key(path, key, &known));
+            problems.push(unknown_key(path, key, known));
             continue;
         }
         let single = Value::Object(std::iter::once((key.clone(), v.clone())).collect());
@@ -481,12 +499,35 @@ fn section<T: DeserializeOwned + Serialize + Default>(
     serde_json::from_value(Value::Object(good)).unwrap_or_default()
 }
 
-/// The keys a section accepts: those its default serialises.
-fn known_keys<T: Serialize>(sample: &T) -> Vec<String> {
-    match serde_json::to_value(sample) {
-        Ok(Value::Object(map)) => map.into_iter().map(|(k, _)| k).collect(),
-        _ => Vec::new(),
+/// The keys a section accepts: the field names its derived `Deserialize`
+/// hands to `deserialize_struct`, caught by a deserializer that reads
+/// nothing else.
+fn struct_fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error, Visitor};
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
     }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
 }
 
 fn prefix(path: &str) -> String {
@@ -656,7 +697,7 @@ mod tests {
             .unwrap();
         assert!(
             zzz.message
-                .contains("expected one of allow_bypass, budget_chars"),
+                .contains("expected one of budget_chars, keep_last_n"),
             "{err}"
         );
     }

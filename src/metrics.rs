@@ -97,6 +97,14 @@ impl LossSummary {
         }
     }
 
+    /// A conversation forwarded as it came, measured against `budget`.
+    pub fn unchanged_within(chars: usize, messages: usize, budget: usize) -> Self {
+        LossSummary {
+            budget_met: chars <= budget,
+            ..Self::unchanged(chars, messages)
+        }
+    }
+
     pub fn from_report(report: &crate::engine::Report) -> Self {
         LossSummary {
             input_chars: report.loss.input_chars,
@@ -410,6 +418,10 @@ pub struct RequestEvent {
     pub response_status: u16,
     pub total_seconds: f64,
     pub ending: Ending,
+    /// The route's body format, on matched routes.
+    pub format: Option<crate::format::Format>,
+    /// Stable mode re-compacted on this turn.
+    pub rebased: bool,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -464,6 +476,8 @@ impl RequestEvent {
             response_status: 0,
             total_seconds: 0.0,
             ending: Ending::Complete,
+            format: None,
+            rebased: false,
         }
     }
 
@@ -784,7 +798,7 @@ mod tests {
     fn the_log_line_rounds_durations_to_microseconds() {
         let m = Metrics::new();
         let mut e = event(Status::Compacted, Some(loss(0.4)));
-        e.total_seconds = 0.002_327_404_999_999_999_7;
+        e.total_seconds = 0.002_327_405;
         e.compaction_seconds = Some(0.000_123_456_7);
         e.upstream_seconds = Some(1.0 / 3.0);
         let log = json_log_of(|| e.emit(&m));

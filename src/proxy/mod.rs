@@ -37,8 +37,10 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
-use crate::cache::CompactionCache;
+use crate::cache::{CheckpointStore, CompactionCache};
+use crate::compaction::stable::StableInfo;
 use crate::error::ProxyError;
+use crate::format::Format;
 use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
 use crate::policy::{Resolution, Runtime};
 use body::{BodyEnd, ProxyBody};
@@ -50,6 +52,8 @@ pub struct AppState {
     runtime: RwLock<Arc<Runtime>>,
     pub metrics: Metrics,
     pub cache: CompactionCache,
+    /// Stable mode's replay checkpoints.
+    pub checkpoints: CheckpointStore,
     upstream: Upstream,
     /// One permit per core: compactions beyond that queue (see [`compact`]).
     compactions: Arc<tokio::sync::Semaphore>,
@@ -66,6 +70,7 @@ impl AppState {
         let upstream = Upstream::new(connect, &runtime.upstream_roots);
         Arc::new(AppState {
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
+            checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
             upstream,
@@ -89,6 +94,7 @@ impl AppState {
     pub fn reload(&self, runtime: Runtime) {
         *self.runtime.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime);
         self.cache.clear();
+        self.checkpoints.clear();
     }
 
     pub fn is_ready(&self) -> bool {
@@ -164,6 +170,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             status,
             loss: None,
             bypass_refused,
+            stable: None,
         };
         return forward(
             &state,
@@ -209,13 +216,17 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         }
         _ => raw,
     };
+    let stable = outcome.as_ref().and_then(|o| o.stable);
     let loss = outcome.map(|o| o.loss);
     record.loss = loss;
+    record.format = Some(resolution.format);
+    record.rebased = stable.is_some_and(|s| s.rebased);
     let verdict = Verdict {
         resolution,
         status,
         loss,
         bypass_refused,
+        stable,
     };
     forward(
         &state,
@@ -240,6 +251,7 @@ struct Verdict {
     loss: Option<LossSummary>,
     /// A bypass was asked for and the policy refuses it.
     bypass_refused: bool,
+    stable: Option<StableInfo>,
 }
 
 impl Verdict {
@@ -252,6 +264,9 @@ impl Verdict {
         );
         if self.bypass_refused {
             headers::note_bypass_refused(headers);
+        }
+        if let Some(stable) = &self.stable {
+            headers::write_stable_report(headers, stable);
         }
     }
 }
@@ -346,7 +361,8 @@ async fn forward(
         Ok(response) => response,
         Err(e) => {
             // The loss report still says what was done to the request.
-            let (mut response, ending) = error_response(&e);
+            let format = verdict.as_ref().map(|v| v.resolution.format);
+            let (mut response, ending) = error_response(&e, format.unwrap_or_default());
             if let Some(v) = &verdict {
                 v.write_to(response.headers_mut());
             }
@@ -415,8 +431,8 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, _open: TunnelGuard) {
 }
 
 /// The proxy's own answer to `error`, and how it ends the request.
-fn error_response(error: &ProxyError) -> (Response<ProxyBody>, Ending) {
-    let (parts, body) = error.to_response().into_parts();
+fn error_response(error: &ProxyError, format: Format) -> (Response<ProxyBody>, Ending) {
+    let (parts, body) = error.to_response_in(format).into_parts();
     let ending = match error {
         // Nobody reads this answer: the client left mid-upload.
         ProxyError::ClientBody(_) => Ending::ClientGone,
@@ -431,7 +447,8 @@ fn refuse(
     resolution: Option<&Resolution>,
     mut record: Recorder,
 ) -> Response<ProxyBody> {
-    let (mut response, ending) = error_response(&error);
+    let format = resolution.map(|r| r.format).unwrap_or_default();
+    let (mut response, ending) = error_response(&error, format);
     if let Some(resolution) = resolution {
         let status = Status::Skipped(error.skip_reason());
         record.status = Some(status);
