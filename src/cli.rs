@@ -223,37 +223,17 @@ fn print_report(
     max_messages: usize,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    let checkpoints = crate::compaction::stable::NoCheckpoints;
-    let (parsed, outcome) = match format.parse(input, max_messages).and_then(|parsed| {
-        let outcome =
-            proxy::compact::outcome_of(input, policy, format, max_messages, &checkpoints)?;
-        Ok((parsed, outcome))
-    }) {
-        Ok(both) => both,
+    match crate::explain::report_for(input, name, policy, format, max_messages) {
+        Ok(document) => {
+            serde_json::to_writer_pretty(&mut *out, &document)?;
+            writeln!(out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Err(skip) => {
             eprintln!("policy {name}: skipped; {}: {skip}", skip.reason());
-            return Ok(ExitCode::FAILURE);
+            Ok(ExitCode::FAILURE)
         }
-    };
-    // The status and loss are the proxy's own; the lines come from the
-    // engine run over the whole conversation, which runs here even under
-    // budget so that the report says why every message was kept.
-    let conversation = &parsed.conversation;
-    let messages = crate::compaction::engine_messages(conversation, policy);
-    let roles: Vec<_> = messages.iter().map(|m| m.role).collect();
-    let report = crate::engine::compact(
-        &messages,
-        &crate::compaction::item_policy(conversation, policy),
-    );
-    let document = crate::explain::RequestReport {
-        policy: name,
-        status: proxy::compact::status_of(policy, &outcome).header(),
-        loss: outcome.loss,
-        messages: crate::explain::fates(&report, &roles),
-    };
-    serde_json::to_writer_pretty(&mut *out, &document)?;
-    writeln!(out)?;
-    Ok(ExitCode::SUCCESS)
+    }
 }
 
 fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {

@@ -154,6 +154,10 @@ pub struct PolicyConfig {
     pub allow_bypass: bool,
     /// Compute and report, but forward the original body.
     pub dry_run: bool,
+    /// Honour `x-compaction-report: true`: keep the request's per-message
+    /// report for a few minutes, fetchable by the id the response names.
+    /// Off by default: a report holds the conversation's text.
+    pub allow_report: bool,
     /// Stable mode: a re-compaction brings the form down to this share of
     /// the budget, so the next turns only append.
     pub stable_target_ratio: f64,
@@ -177,6 +181,7 @@ impl Default for PolicyConfig {
             pin_patterns: Vec::new(),
             allow_bypass: true,
             dry_run: false,
+            allow_report: false,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
         }

@@ -23,6 +23,8 @@ pub enum ProxyError {
     MethodNotAllowed(http::Method),
     #[error("content type must be application/json")]
     UnsupportedMediaType,
+    #[error("no compaction report with this id (reports are kept for a few minutes)")]
+    ReportNotFound,
     #[error("{0}")]
     InvalidRequest(#[from] InvalidRequest),
     #[error("upstream could not be reached: {0}")]
@@ -42,6 +44,7 @@ impl ProxyError {
             | ProxyError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProxyError::ReportNotFound => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -66,6 +69,7 @@ impl ProxyError {
             ProxyError::BadEncoding { .. } => "bad_content_encoding",
             ProxyError::MethodNotAllowed(_) => "method_not_allowed",
             ProxyError::UnsupportedMediaType => "unsupported_media_type",
+            ProxyError::ReportNotFound => "report_not_found",
             ProxyError::InvalidRequest(_) => "validation_failed",
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",

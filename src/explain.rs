@@ -3,9 +3,18 @@
 //! report lists survivors and per-stage records; this folds them into one
 //! line per input message, the answer to "why did my instruction vanish?".
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use moka::sync::Cache;
 use serde::Serialize;
 
 use crate::engine::{Cut, ProtectedBecause, Report, Role};
+use crate::format::{Format, Skip};
+use crate::policy::CompiledPolicy;
 
 /// What became of one input message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -140,6 +149,92 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
     lines.into_iter().flatten().collect()
 }
 
+/// The per-message report of one API body under `policy`, as
+/// `compact --report` prints it and the live report keeps it. The status
+/// and loss are the proxy's own; the lines come from the engine run over
+/// the whole conversation, which runs here even under budget so that the
+/// report says why every message was kept.
+pub fn report_for<'a>(
+    input: &[u8],
+    name: &'a str,
+    policy: &CompiledPolicy,
+    format: Format,
+    max_messages: usize,
+) -> Result<RequestReport<'a>, Skip> {
+    let checkpoints = crate::compaction::stable::NoCheckpoints;
+    let parsed = format.parse(input, max_messages)?;
+    let outcome =
+        crate::proxy::compact::outcome_of(input, policy, format, max_messages, &checkpoints)?;
+    let conversation = &parsed.conversation;
+    let messages = crate::compaction::engine_messages(conversation, policy);
+    let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();
+    let report = crate::engine::compact(
+        &messages,
+        &crate::compaction::item_policy(conversation, policy),
+    );
+    Ok(RequestReport {
+        policy: name,
+        status: crate::proxy::compact::status_of(policy, &outcome).header(),
+        loss: outcome.loss,
+        messages: fates(&report, &roles),
+    })
+}
+
+/// How long a live report stays fetchable.
+pub const REPORT_TTL: Duration = Duration::from_secs(300);
+/// Bytes of reports kept at most; the oldest go first past it.
+pub const REPORT_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Live reports (`x-compaction-report: true` on a policy with
+/// `allow_report`), by id, for [`REPORT_TTL`], bounded in bytes.
+pub struct ReportStore {
+    reports: Cache<String, Bytes>,
+    /// Per-process random keys: ids are not guessable from one another.
+    keys: RandomState,
+    next: AtomicU64,
+}
+
+impl Default for ReportStore {
+    fn default() -> Self {
+        Self::new(REPORT_TTL, REPORT_MAX_BYTES)
+    }
+}
+
+impl ReportStore {
+    pub fn new(ttl: Duration, max_bytes: u64) -> Self {
+        ReportStore {
+            reports: Cache::builder()
+                .time_to_live(ttl)
+                .weigher(|id: &String, report: &Bytes| {
+                    u32::try_from(id.len() + report.len()).unwrap_or(u32::MAX)
+                })
+                .max_capacity(max_bytes)
+                .build(),
+            keys: RandomState::new(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh id: 128 bits from two keyed hashes of a counter.
+    pub fn new_id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let half = |salt: u64| {
+            let mut h = self.keys.build_hasher();
+            (n, salt).hash(&mut h);
+            h.finish()
+        };
+        format!("{:016x}{:016x}", half(1), half(2))
+    }
+
+    pub fn insert(&self, id: String, report: Bytes) {
+        self.reports.insert(id, report);
+    }
+
+    pub fn get(&self, id: &str) -> Option<Bytes> {
+        self.reports.get(id)
+    }
+}
+
 fn protection_words(because: &[ProtectedBecause]) -> String {
     because
         .iter()
@@ -157,6 +252,33 @@ fn protection_words(because: &[ProtectedBecause]) -> String {
 mod tests {
     use super::*;
     use crate::engine::{compact, Message, Policy};
+
+    #[test]
+    fn report_ids_are_distinct_and_reports_expire() {
+        let store = ReportStore::new(Duration::from_millis(50), 1024);
+        let (a, b) = (store.new_id(), store.new_id());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
+        store.insert(a.clone(), Bytes::from_static(b"{}"));
+        assert_eq!(store.get(&a), Some(Bytes::from_static(b"{}")));
+        assert_eq!(store.get(&b), None);
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(store.get(&a), None, "gone after its time to live");
+    }
+
+    #[test]
+    fn the_store_holds_a_bounded_number_of_bytes() {
+        let store = ReportStore::new(Duration::from_secs(60), 10_000);
+        for _ in 0..100 {
+            store.insert(store.new_id(), Bytes::from(vec![b'x'; 1_000]));
+        }
+        store.reports.run_pending_tasks();
+        assert!(
+            store.reports.weighted_size() <= 10_000,
+            "{}",
+            store.reports.weighted_size()
+        );
+    }
 
     #[test]
     fn every_input_message_gets_one_line_with_its_stage() {

@@ -32,6 +32,7 @@ pub struct CompiledPolicy {
     pub pin_patterns: RegexSet,
     pub allow_bypass: bool,
     pub dry_run: bool,
+    pub allow_report: bool,
     /// Stable mode's low-water mark and kept head, as shares of the budget.
     pub stable_target_ratio: f64,
     pub stable_head_ratio: f64,
@@ -54,6 +55,7 @@ impl CompiledPolicy {
             pin_patterns: RegexSet::empty(),
             allow_bypass: false,
             dry_run: false,
+            allow_report: false,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
         }
@@ -399,6 +401,7 @@ fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(S
             pin_patterns,
             allow_bypass: p.allow_bypass,
             dry_run: p.dry_run,
+            allow_report: p.allow_report,
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,
         }),

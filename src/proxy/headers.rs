@@ -140,6 +140,24 @@ pub fn write_stable_report(headers: &mut HeaderMap, info: &StableInfo) {
     );
 }
 
+pub const REPORT: &str = "x-compaction-report";
+pub const REPORT_ID: &str = "x-compaction-report-id";
+
+/// Names the id under which the request's per-message report is kept.
+pub fn write_report_id(headers: &mut HeaderMap, id: &str) {
+    if let Ok(v) = HeaderValue::try_from(id) {
+        headers.insert(REPORT_ID, v);
+    }
+}
+
+/// True when the request asks for its per-message report to be kept.
+pub fn wants_report(headers: &HeaderMap) -> bool {
+    headers
+        .get(REPORT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
 /// True when the request asks to skip compaction.
 pub fn wants_bypass(headers: &HeaderMap) -> bool {
     headers

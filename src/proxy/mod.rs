@@ -52,6 +52,8 @@ pub struct AppState {
     runtime: RwLock<Arc<Runtime>>,
     pub metrics: Metrics,
     pub cache: CompactionCache,
+    /// Live per-message reports asked for with `x-compaction-report`.
+    pub reports: crate::explain::ReportStore,
     /// Stable mode's replay checkpoints.
     pub checkpoints: CheckpointStore,
     upstream: Upstream,
@@ -73,6 +75,7 @@ impl AppState {
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
+            reports: crate::explain::ReportStore::default(),
             upstream,
             compactions: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -171,6 +174,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             loss: None,
             bypass_refused,
             stable: None,
+            report_id: None,
         };
         return forward(
             &state,
@@ -204,6 +208,8 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         Err(e) => return refuse(e, Some(&resolution), record),
     };
     record.compaction_seconds = decided.seconds;
+    let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
+        .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
     let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
         Some(rewritten) if status == Status::Compacted => {
@@ -227,6 +233,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         loss,
         bypass_refused,
         stable,
+        report_id,
     };
     forward(
         &state,
@@ -237,6 +244,38 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         record,
     )
     .await
+}
+
+/// Computes a request's per-message report off the request path (on the
+/// blocking pool, after the answer has gone on its way) and keeps it under
+/// a fresh id, which is returned at once.
+fn schedule_report(
+    state: &Arc<AppState>,
+    runtime: &Runtime,
+    resolution: &Resolution,
+    raw: bytes::Bytes,
+    coding: body::Coding,
+) -> String {
+    let id = state.reports.new_id();
+    let (state, policy, format) = (state.clone(), resolution.policy.clone(), resolution.format);
+    let (limit, max_messages) = (
+        runtime.config.server.max_body_bytes,
+        runtime.config.server.max_messages,
+    );
+    let key = id.clone();
+    tokio::task::spawn_blocking(move || {
+        let Ok(decoded) = body::decode(&raw, coding, limit) else {
+            return;
+        };
+        let report =
+            crate::explain::report_for(&decoded, &policy.name, &policy, format, max_messages);
+        if let Ok(json) = report.map(|r| serde_json::to_vec(&r)) {
+            state
+                .reports
+                .insert(key, json.expect("reports serialise").into());
+        }
+    });
+    id
 }
 
 /// A request body passed on as it arrives, never collected.
@@ -252,6 +291,8 @@ struct Verdict {
     /// A bypass was asked for and the policy refuses it.
     bypass_refused: bool,
     stable: Option<StableInfo>,
+    /// The id under which this request's per-message report is kept.
+    report_id: Option<String>,
 }
 
 impl Verdict {
@@ -267,6 +308,9 @@ impl Verdict {
         }
         if let Some(stable) = &self.stable {
             headers::write_stable_report(headers, stable);
+        }
+        if let Some(id) = &self.report_id {
+            headers::write_report_id(headers, id);
         }
     }
 }

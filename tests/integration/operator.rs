@@ -621,3 +621,82 @@ fn the_readme_loss_report_is_what_the_proxy_computes_for_the_example() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// the live per-message report
+// ---------------------------------------------------------------------------
+
+fn get_request(url: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::get(url)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap()
+}
+
+fn with_report_header(
+    mut request: http::Request<http_body_util::Full<bytes::Bytes>>,
+) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    request
+        .headers_mut()
+        .insert("x-compaction-report", "true".parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn a_policy_that_allows_it_keeps_a_live_report_fetchable_by_id() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[policies.default]\nbudget_chars = 50000\nallow_report = true\n\
+         [policies.closed]\nbudget_chars = 50000\n\
+         [[routes]]\npath = \"/v1/chat/completions\"\npolicy = \"default\"\n\
+         [[routes]]\npath = \"/closed/chat/completions\"\npolicy = \"closed\"",
+        &upstream.url(),
+    )
+    .await;
+    let chat = std::fs::read(repo("examples/chat-body.json")).unwrap();
+    let answer = send(with_report_header(post_json(
+        &proxy.url("/v1/chat/completions"),
+        chat.clone(),
+    )))
+    .await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    let id = answer
+        .header("x-compaction-report-id")
+        .expect("a report id")
+        .to_owned();
+    let report_url = proxy.url(&format!("/v1/compaction-reports/{id}"));
+    let mut fetched = send(get_request(&report_url)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fetched.status == 404 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        fetched = send(get_request(&report_url)).await;
+    }
+    assert_eq!(fetched.status, 200);
+    let report: Value = serde_json::from_slice(&fetched.body).unwrap();
+    assert_eq!(report["status"], "compacted");
+    assert_eq!(
+        report["loss"]["output_chars"].to_string(),
+        answer.header("x-compaction-output-chars").unwrap(),
+        "the report and the headers tell the same story"
+    );
+    let lines = report["messages"].as_array().unwrap();
+    assert_eq!(
+        lines.len().to_string(),
+        answer.header("x-compaction-input-messages").unwrap()
+    );
+    assert!(lines.iter().any(|l| l["fate"] == "dropped"));
+
+    // An unknown (or expired) id is a 404.
+    let missing = send(get_request(&proxy.url("/v1/compaction-reports/nope"))).await;
+    assert_eq!(missing.status, 404);
+    let error: Value = serde_json::from_slice(&missing.body).unwrap();
+    assert_eq!(error["error"]["code"], "report_not_found");
+
+    // A policy that does not allow reports keeps none and says no id.
+    let closed = send(with_report_header(post_json(
+        &proxy.url("/closed/chat/completions"),
+        chat,
+    )))
+    .await;
+    assert_eq!(closed.header("x-compaction-status"), Some("compacted"));
+    assert!(closed.header("x-compaction-report-id").is_none());
+}
