@@ -4,7 +4,7 @@
 //! line per input message, the answer to "why did my instruction vanish?".
 
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -218,11 +218,7 @@ impl ReportStore {
     /// A fresh id: 128 bits from two keyed hashes of a counter.
     pub fn new_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let half = |salt: u64| {
-            let mut h = self.keys.build_hasher();
-            (n, salt).hash(&mut h);
-            h.finish()
-        };
+        let half = |salt: u64| self.keys.hash_one((n, salt));
         format!("{:016x}{:016x}", half(1), half(2))
     }
 
