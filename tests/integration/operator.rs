@@ -700,3 +700,21 @@ async fn a_policy_that_allows_it_keeps_a_live_report_fetchable_by_id() {
     assert_eq!(closed.header("x-compaction-status"), Some("compacted"));
     assert!(closed.header("x-compaction-report-id").is_none());
 }
+
+#[tokio::test]
+async fn client_errors_use_one_type_spelling() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start("", &upstream.url()).await;
+    let invalid = send(post_json(
+        &proxy.url("/v1/memory-compact"),
+        json!({"messages": [], "budget_chars": 1}).to_string(),
+    ))
+    .await;
+    assert_eq!(invalid.status, 400);
+    let body: Value = serde_json::from_slice(&invalid.body).unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(body["error"]["code"], "validation_failed");
+    let missing = send(get_request(&proxy.url("/v1/compaction-reports/x"))).await;
+    let body: Value = serde_json::from_slice(&missing.body).unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+}
