@@ -43,7 +43,7 @@ fn seed() -> (Value, String) {
 }
 
 /// Runs a one-shot command with `stdin`, without inheriting our config env.
-fn run_cli(args: &[&str], stdin: &[u8]) -> Output {
+pub(crate) fn run_cli(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
         .stdin(Stdio::piped())
