@@ -10,6 +10,7 @@ mod format_fixtures;
 mod format_properties;
 mod format_rules;
 mod format_stable;
+mod hostile;
 mod metrics_scrape;
 mod openai_properties;
 mod operator;
