@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::engine::{Policy, Role};
+use crate::engine::{Policy, RelevancePolicy, Role, ScoringMethod};
 
 /// The shipped default configuration, embedded so the binary runs alone.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -124,6 +124,18 @@ pub enum Mode {
     Stable,
 }
 
+/// How a policy scores drop candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scoring {
+    /// The score of `COMPACTION.md`: recency, role, topic overlap.
+    #[default]
+    Seed,
+    /// The seed score plus relevance to the latest request, with pins for
+    /// the most relevant messages (`engine::relevance`).
+    Relevance,
+}
+
 /// One named policy. Keys left out take the engine's defaults.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PolicyConfig {
@@ -150,6 +162,20 @@ pub struct PolicyConfig {
     /// Compute and report, but forward the original body.
     #[serde(default)]
     pub dry_run: bool,
+    #[serde(default)]
+    pub scoring: Scoring,
+    /// Relevance only: protect messages at least this relevant, in [0, 1].
+    /// Left out: [`RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_relevant_above: Option<f64>,
+    /// Relevance only: the budget share those pins may take, in [0, 1].
+    /// Left out: [`RelevancePolicy::DEFAULT_RELEVANT_PIN_SHARE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relevant_pin_share: Option<f64>,
+    /// Relevance only: the request header whose text joins the latest user
+    /// message as what the request is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relevance_goal_header: Option<String>,
 }
 
 fn default_keep_last_n() -> usize {
@@ -180,6 +206,10 @@ impl PolicyConfig {
             pin_patterns: Vec::new(),
             allow_bypass: false,
             dry_run: false,
+            scoring: Scoring::Seed,
+            pin_relevant_above: None,
+            relevant_pin_share: None,
+            relevance_goal_header: None,
         }
     }
 
@@ -190,6 +220,18 @@ impl PolicyConfig {
             keep_roles: self.keep_roles.clone(),
             duplicate_threshold: self.duplicate_threshold,
             max_message_chars: self.max_message_chars,
+            scoring: match self.scoring {
+                Scoring::Seed => ScoringMethod::Seed,
+                Scoring::Relevance => ScoringMethod::Relevance(RelevancePolicy {
+                    pin_relevant_above: self
+                        .pin_relevant_above
+                        .unwrap_or(RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE),
+                    relevant_pin_share: self
+                        .relevant_pin_share
+                        .unwrap_or(RelevancePolicy::DEFAULT_RELEVANT_PIN_SHARE),
+                    goal: None,
+                }),
+            },
         }
     }
 }

@@ -2,6 +2,7 @@
 //! checking everything serde cannot (references, bounds, regexes, URLs), and
 //! picks the policy for a request from its route and tenant.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +13,7 @@ use regex::RegexSet;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
-use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig};
+use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig, Scoring};
 use crate::engine::Policy;
 
 /// Label used for tenants that are not configured (bounded metric labels).
@@ -31,7 +32,13 @@ pub struct CompiledPolicy {
     pub pin_patterns: RegexSet,
     pub allow_bypass: bool,
     pub dry_run: bool,
+    /// `scoring = "relevance"`: the request header whose text is the goal.
+    pub relevance_goal_header: Option<HeaderName>,
 }
+
+/// The most chars of a goal header that join the relevance query: a goal
+/// is a sentence or two, and the query's cost grows with its terms.
+pub const MAX_GOAL_CHARS: usize = 2000;
 
 fn next_policy_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -50,6 +57,29 @@ impl CompiledPolicy {
             pin_patterns: RegexSet::empty(),
             allow_bypass: false,
             dry_run: false,
+            relevance_goal_header: None,
+        }
+    }
+
+    /// The goal a request gives in the policy's `relevance_goal_header`:
+    /// its text when the header is set, valid UTF-8 and not blank, cut to
+    /// [`MAX_GOAL_CHARS`]. `None` for every request when the policy names no
+    /// header.
+    pub fn relevance_goal(&self, headers: &HeaderMap) -> Option<String> {
+        let value = headers.get(self.relevance_goal_header.as_ref()?)?;
+        let text = std::str::from_utf8(value.as_bytes()).ok()?.trim();
+        (!text.is_empty())
+            .then(|| crate::engine::text::char_prefix(text, MAX_GOAL_CHARS).to_owned())
+    }
+
+    /// The engine policy for one request: the compiled one, with the
+    /// request's relevance goal when there is one. The pipeline calls this
+    /// where it builds the engine input; an outcome computed with a goal
+    /// must be cached under the goal too (or not at all).
+    pub fn engine_for_request(&self, headers: &HeaderMap) -> Cow<'_, Policy> {
+        match self.relevance_goal(headers) {
+            Some(goal) => Cow::Owned(self.engine.with_goal(Some(goal))),
+            None => Cow::Borrowed(&self.engine),
         }
     }
 }
@@ -337,6 +367,35 @@ fn compile_policy(
             "\"stable\" is not available in this version; use \"exact\"".to_owned(),
         ));
     }
+    for (key, value) in [
+        ("pin_relevant_above", p.pin_relevant_above),
+        ("relevant_pin_share", p.relevant_pin_share),
+    ] {
+        if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+            problems.push((key, "must be in [0, 1]".to_owned()));
+        }
+    }
+    let relevance_goal_header = p
+        .relevance_goal_header
+        .as_deref()
+        .map(|h| HeaderName::try_from(h).map_err(|_| format!("{h:?} is not a valid header name")));
+    if let Some(Err(e)) = &relevance_goal_header {
+        problems.push(("relevance_goal_header", e.clone()));
+    }
+    if p.scoring == Scoring::Seed {
+        for (key, set) in [
+            ("pin_relevant_above", p.pin_relevant_above.is_some()),
+            ("relevant_pin_share", p.relevant_pin_share.is_some()),
+            ("relevance_goal_header", p.relevance_goal_header.is_some()),
+        ] {
+            if set {
+                problems.push((
+                    key,
+                    "has no effect unless scoring = \"relevance\"".to_owned(),
+                ));
+            }
+        }
+    }
     let pin_patterns = RegexSet::new(&p.pin_patterns).map_err(|e| e.to_string());
     if let Err(e) = &pin_patterns {
         problems.push(("pin_patterns", e.clone()));
@@ -351,6 +410,7 @@ fn compile_policy(
             pin_patterns,
             allow_bypass: p.allow_bypass,
             dry_run: p.dry_run,
+            relevance_goal_header: relevance_goal_header.and_then(Result::ok),
         }),
         _ => Err(problems),
     }

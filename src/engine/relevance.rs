@@ -1,0 +1,503 @@
+//! Relevance scoring (`scoring = "relevance"`): how much each message is
+//! about what the latest request asks, by BM25 with the request as the query.
+//!
+//! - **Query**: the terms of the last `user` message of the input, plus the
+//!   terms of the policy's goal text when a caller passes one. Each distinct
+//!   term counts once; the request and the goal weigh the same.
+//! - **Documents**: every other message, whatever its role (tool results
+//!   included). The request message itself is not a document: it would add
+//!   one to the document frequency of every query term alike. It is given
+//!   relevance 1, the most any message has: it is the request.
+//! - **Terms**: runs of letters and digits, case-folded. A run joined by
+//!   `- _ . / : # @ +` to another run (`7731-KAPPA`, `src/main.rs`,
+//!   `v1.2.3`) is kept whole as one term, and each of its parts is a term
+//!   too, so `main.rs` in a question still finds `src/main.rs`. Terms with a
+//!   digit and joined terms are never stemmed; letter-only terms go through
+//!   [`stem`], a small suffix stripper (plurals, `-ing`, `-ed`, `-ation`,
+//!   `-ment`, `-ness`, a final `-y` or `-e`). Common English words
+//!   ([`is_stopword`]) and one-letter words are never query terms.
+//! - **BM25**: `k1` = [`K1`], `b` = [`B`], `idf = ln(1 + (N - df + 0.5) /
+//!   (df + 0.5))` over the N documents; a document's length is the number of
+//!   its terms (stopwords included: only the ratio to the average matters).
+//! - **Relevance** of a message is its BM25 score divided by the highest
+//!   score of any document, so it lies in [0, 1] and the most relevant
+//!   message has 1. No query term in any document: every relevance is 0.
+//!
+//! Everything is computed in input order over sorted or index-keyed
+//! structures: the same messages and goal give the same numbers, bit for
+//! bit. Pure: no I/O.
+
+use rustc_hash::FxHashMap;
+
+use super::{Message, Role};
+
+/// BM25 term-frequency saturation.
+pub const K1: f64 = 1.2;
+/// BM25 length normalisation.
+pub const B: f64 = 0.75;
+
+/// What [`analyze`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Relevance {
+    /// The distinct query terms, in code-point order.
+    pub query_terms: Vec<String>,
+    /// The index of the latest user message, the request, if any.
+    pub query_index: Option<usize>,
+    /// Normalised relevance of each input message, in [0, 1].
+    pub relevance: Vec<f64>,
+}
+
+/// Scores each message of `messages` against the latest user message and
+/// the optional `goal`.
+pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
+    let query_index = messages.iter().rposition(|m| m.role == Role::User);
+    let mut query = Query::default();
+    if let Some(q) = query_index {
+        for_each_term(&messages[q].content, |term, kind| query.add(term, kind));
+    }
+    if let Some(goal) = goal {
+        for_each_term(goal, |term, kind| query.add(term, kind));
+    }
+    let mut relevance = vec![0.0; messages.len()];
+    if query.terms.is_empty() {
+        if let Some(q) = query_index {
+            relevance[q] = 1.0;
+        }
+        return Relevance {
+            query_terms: Vec::new(),
+            query_index,
+            relevance,
+        };
+    }
+
+    // One pass over the documents: each one's length and query-term counts.
+    let terms = query.terms.len();
+    let mut tf = vec![0u32; messages.len() * terms];
+    let mut length = vec![0u32; messages.len()];
+    let mut df = vec![0u32; terms];
+    let mut documents = 0usize;
+    for (i, m) in messages.iter().enumerate() {
+        if Some(i) == query_index {
+            continue;
+        }
+        documents += 1;
+        let counts = &mut tf[i * terms..(i + 1) * terms];
+        let mut len = 0u32;
+        query.count_in(&m.content, counts, &mut len);
+        length[i] = len;
+        for (d, &c) in df.iter_mut().zip(counts.iter()) {
+            *d += u32::from(c > 0);
+        }
+    }
+    let total_length: u64 = length.iter().map(|&l| u64::from(l)).sum();
+    let average_length = if documents == 0 {
+        1.0
+    } else {
+        (total_length as f64 / documents as f64).max(1.0)
+    };
+    let n = documents as f64;
+    let idf: Vec<f64> = df
+        .iter()
+        .map(|&d| (1.0 + (n - d as f64 + 0.5) / (d as f64 + 0.5)).ln())
+        .collect();
+
+    let mut best = 0.0f64;
+    for (i, r) in relevance.iter_mut().enumerate() {
+        if Some(i) == query_index {
+            continue;
+        }
+        let norm = K1 * (1.0 - B + B * length[i] as f64 / average_length);
+        let mut score = 0.0;
+        for (t, &count) in tf[i * terms..(i + 1) * terms].iter().enumerate() {
+            if count > 0 {
+                let f = count as f64;
+                score += idf[t] * f * (K1 + 1.0) / (f + norm);
+            }
+        }
+        *r = score;
+        best = best.max(score);
+    }
+    if best > 0.0 {
+        for r in &mut relevance {
+            *r /= best;
+        }
+    }
+    if let Some(q) = query_index {
+        relevance[q] = 1.0;
+    }
+
+    let mut query_terms: Vec<String> = query.terms.into_iter().map(|(t, _)| t).collect();
+    query_terms.sort_unstable();
+    Relevance {
+        query_terms,
+        query_index,
+        relevance,
+    }
+}
+
+/// Whether a term is a joined identifier (kept whole, never stemmed) or a
+/// plain run of letters and digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Joined,
+    Plain,
+}
+
+/// The query terms, interned in first-seen order (the report sorts them).
+struct Query {
+    ids: FxHashMap<String, usize>,
+    terms: Vec<(String, Kind)>,
+    /// Which first bytes any query term starts with: a document term whose
+    /// first byte is not here cannot match, and skips folding and stemming.
+    first_bytes: [bool; 256],
+}
+
+impl Default for Query {
+    fn default() -> Self {
+        Query {
+            ids: FxHashMap::default(),
+            terms: Vec::new(),
+            first_bytes: [false; 256],
+        }
+    }
+}
+
+impl Query {
+    fn add(&mut self, raw: &str, kind: Kind) {
+        let Some(term) = normalize(raw, kind, &mut String::new()) else {
+            return;
+        };
+        if !self.ids.contains_key(&term) {
+            self.first_bytes[term.as_bytes()[0] as usize] = true;
+            self.ids.insert(term.clone(), self.terms.len());
+            self.terms.push((term, kind));
+        }
+    }
+
+    /// Adds the count of each query term in `text` to `counts`, and the
+    /// number of its terms to `length`.
+    fn count_in(&self, text: &str, counts: &mut [u32], length: &mut u32) {
+        let mut buf = String::new();
+        for_each_term(text, |raw, kind| {
+            *length += 1;
+            let first = raw.as_bytes()[0];
+            // Folding keeps an ASCII first byte's letter; other first bytes
+            // are looked up the slow way.
+            if first.is_ascii() && !self.first_bytes[first.to_ascii_lowercase() as usize] {
+                return;
+            }
+            if let Some(term) = normalize(raw, kind, &mut buf) {
+                if let Some(&t) = self.ids.get(&term) {
+                    counts[t] += 1;
+                }
+                buf = term;
+            }
+        });
+    }
+}
+
+/// Folds case and stems a term as both the query and the documents see it;
+/// `None` for stopwords and one-letter words. `buf` is reused storage.
+fn normalize(raw: &str, kind: Kind, buf: &mut String) -> Option<String> {
+    let mut term = std::mem::take(buf);
+    term.clear();
+    if raw.is_ascii() {
+        term.extend(raw.bytes().map(|b| b.to_ascii_lowercase() as char));
+    } else {
+        term.push_str(&raw.to_lowercase());
+    }
+    if kind == Kind::Plain {
+        if term.chars().nth(1).is_none() || is_stopword(&term) {
+            *buf = term;
+            return None;
+        }
+        if term.bytes().all(|b| b.is_ascii_lowercase()) {
+            stem(&mut term);
+        }
+    }
+    Some(term)
+}
+
+fn is_joiner(c: char) -> bool {
+    matches!(c, '-' | '_' | '.' | '/' | ':' | '#' | '@' | '+')
+}
+
+/// Calls `f` with each term of `text`: every joined run whole (kind
+/// `Joined`) followed by its parts, and every lone run (kind `Plain`).
+fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
+    let mut chars = text.char_indices().peekable();
+    while let Some((start, c)) = chars.next() {
+        if !c.is_alphanumeric() {
+            continue;
+        }
+        // Extend over letters and digits, and over a joiner followed by one.
+        let mut end = start + c.len_utf8();
+        let mut joined = false;
+        while let Some(&(at, c)) = chars.peek() {
+            if c.is_alphanumeric() {
+                end = at + c.len_utf8();
+                chars.next();
+            } else if is_joiner(c) && text[at + c.len_utf8()..].starts_with(char::is_alphanumeric) {
+                joined = true;
+                chars.next();
+            } else {
+                break;
+            }
+        }
+        let run = &text[start..end];
+        if joined {
+            f(run, Kind::Joined);
+            for part in run.split(|c: char| !c.is_alphanumeric()) {
+                f(part, Kind::Plain);
+            }
+        } else {
+            f(run, Kind::Plain);
+        }
+    }
+}
+
+/// The terms of `text` as relevance sees them, in order (stopwords left
+/// out): for tests and for callers that want to show them.
+pub fn terms(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for_each_term(text, |raw, kind| {
+        out.extend(normalize(raw, kind, &mut String::new()));
+    });
+    out
+}
+
+/// A light English suffix stripper for lowercase ASCII words. Not Porter:
+/// it only has to map a word and its common inflections to one stem, the
+/// same way for the question and the history. The stem always keeps the
+/// word's first three letters.
+pub fn stem(word: &mut String) {
+    fn strip(word: &mut String, suffix: &str, min_left: usize) -> bool {
+        if word.len() >= suffix.len() + min_left && word.ends_with(suffix) {
+            word.truncate(word.len() - suffix.len());
+            true
+        } else {
+            false
+        }
+    }
+    fn has_vowel(s: &str) -> bool {
+        s.bytes()
+            .any(|b| matches!(b, b'a' | b'e' | b'i' | b'o' | b'u' | b'y'))
+    }
+    fn undouble(word: &mut String) {
+        let b = word.as_bytes();
+        let n = b.len();
+        if n >= 4
+            && b[n - 1] == b[n - 2]
+            && matches!(
+                b[n - 1],
+                b'b' | b'd' | b'f' | b'g' | b'm' | b'n' | b'p' | b'r' | b't'
+            )
+        {
+            word.truncate(n - 1);
+        }
+    }
+
+    // Plurals and third persons.
+    if word.ends_with("sses") {
+        word.truncate(word.len() - 2);
+    } else if word.len() > 4 && word.ends_with("ies") {
+        word.truncate(word.len() - 3);
+        word.push('y');
+    } else if word.len() > 3
+        && word.ends_with('s')
+        && !word.ends_with("ss")
+        && !word.ends_with("us")
+        && !word.ends_with("is")
+    {
+        word.truncate(word.len() - 1);
+    }
+    // Tenses and gerunds.
+    if word.len() > 5 && word.ends_with("ied") {
+        word.truncate(word.len() - 3);
+        word.push('y');
+    } else if (word.ends_with("ing") && has_vowel(&word[..word.len() - 3]) && strip(word, "ing", 3))
+        || (word.ends_with("ed") && has_vowel(&word[..word.len() - 2]) && strip(word, "ed", 3))
+    {
+        undouble(word);
+    }
+    // Nouns made from verbs.
+    let _ = strip(word, "ation", 3) || strip(word, "ment", 4) || strip(word, "ness", 3);
+    // A final consonant-y (delivery, deliveries) and a final e (code, coded).
+    let n = word.len();
+    if n > 3
+        && word.ends_with('y')
+        && !matches!(word.as_bytes()[n - 2], b'a' | b'e' | b'i' | b'o' | b'u')
+    {
+        word.truncate(n - 1);
+    } else if n > 3 && word.ends_with('e') {
+        word.truncate(n - 1);
+    }
+}
+
+/// Common English words that say nothing about a topic, question words and
+/// the fillers of a request ("please tell me again") included. Sorted, for
+/// a binary search.
+const STOPWORDS: &[&str] = &[
+    "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as", "at",
+    "be", "because", "been", "before", "being", "below", "between", "both", "but", "by", "can",
+    "could", "did", "do", "does", "doing", "done", "down", "during", "each", "else", "ever", "few",
+    "for", "from", "further", "get", "give", "got", "had", "has", "have", "having", "he", "her",
+    "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "itself",
+    "just", "know", "let", "ll", "me", "might", "more", "most", "must", "my", "no", "nor", "not",
+    "now", "of", "off", "ok", "okay", "on", "once", "one", "only", "or", "other", "our", "ours",
+    "out", "over", "own", "please", "re", "recall", "remind", "said", "same", "say", "shall",
+    "she", "should", "so", "some", "such", "tell", "than", "thank", "thanks", "that", "the",
+    "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "to",
+    "too", "under", "until", "up", "us", "ve", "very", "was", "we", "were", "what", "whats",
+    "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you",
+    "your", "yours",
+];
+
+/// Whether a case-folded word is one of [`STOPWORDS`].
+pub fn is_stopword(word: &str) -> bool {
+    STOPWORDS.binary_search(&word).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stemmed(w: &str) -> String {
+        let mut s = w.to_owned();
+        stem(&mut s);
+        s
+    }
+
+    #[test]
+    fn stopwords_are_sorted_for_binary_search() {
+        assert!(STOPWORDS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn inflections_share_a_stem() {
+        for group in [
+            &[
+                "deliver",
+                "delivers",
+                "delivered",
+                "delivering",
+                "delivery",
+                "deliveries",
+            ][..],
+            &["code", "codes", "coded", "coding"],
+            &["plan", "plans", "planned", "planning"],
+            &["configure", "configured", "configuration", "configurations"],
+            &["copy", "copies", "copied"],
+            &["deploy", "deployed", "deployment", "deployments"],
+            &["password", "passwords"],
+        ] {
+            let stems: Vec<String> = group.iter().map(|w| stemmed(w)).collect();
+            assert!(
+                stems.iter().all(|s| s == &stems[0]),
+                "{group:?} -> {stems:?}"
+            );
+        }
+        // Words that merely end like a suffix keep their meaning apart.
+        assert_ne!(stemmed("bus"), stemmed("bu"));
+        assert_eq!(stemmed("class"), "class");
+        assert_eq!(stemmed("this"), "this");
+        assert_eq!(stemmed("sing"), "sing");
+    }
+
+    #[test]
+    fn identifiers_and_numbers_stay_whole_and_give_their_parts() {
+        assert_eq!(
+            terms("The gate code for depot Norrby is 7731-KAPPA."),
+            [
+                "gat",
+                "cod",
+                "depot",
+                "norrb",
+                "7731-kappa",
+                "7731",
+                "kappa"
+            ]
+        );
+        assert_eq!(
+            terms("see src/main.rs:42"),
+            ["see", "src/main.rs:42", "src", "main", "rs", "42"]
+        );
+        // A joiner must be followed by a letter or digit: sentence ends are not joins.
+        assert_eq!(terms("v2. Deploy-"), ["v2", "deploy"]);
+    }
+
+    #[test]
+    fn case_folds_beyond_ascii() {
+        assert_eq!(terms("ÅRHUS Århus"), ["århus", "århus"]);
+    }
+
+    fn user(s: &str) -> Message {
+        Message::new(Role::User, s)
+    }
+    fn assistant(s: &str) -> Message {
+        Message::new(Role::Assistant, s)
+    }
+
+    #[test]
+    fn the_message_holding_the_asked_fact_ranks_first() {
+        let messages = [
+            user("The gate code for depot Norrby is 7731-KAPPA."),
+            assistant("Noted. The depot at Sundby has a new gate."),
+            Message::new(Role::Tool, "weather: sunny, 21 degrees"),
+            user("Which code opens the gate at Norrby?"),
+        ];
+        let r = analyze(&messages, None);
+        assert_eq!(r.query_index, Some(3));
+        assert_eq!(r.query_terms, ["cod", "gat", "norrb", "open"]);
+        assert_eq!(r.relevance[0], 1.0);
+        assert!(
+            r.relevance[1] > 0.0 && r.relevance[1] < 0.5,
+            "{:?}",
+            r.relevance
+        );
+        assert_eq!(r.relevance[2], 0.0);
+        assert_eq!(r.relevance[3], 1.0, "the request itself");
+    }
+
+    #[test]
+    fn the_goal_adds_query_terms() {
+        let messages = [
+            assistant("The invoice total was 4410 EUR."),
+            assistant("Shipping is by rail."),
+            user("continue"),
+        ];
+        let without = analyze(&messages, None);
+        assert_eq!(without.relevance[..2], [0.0, 0.0]);
+        let with = analyze(&messages, Some("invoice totals"));
+        assert_eq!(with.query_terms, ["continu", "invoic", "total"]);
+        assert_eq!(with.relevance[..2], [1.0, 0.0]);
+    }
+
+    #[test]
+    fn no_user_message_and_no_goal_means_no_relevance() {
+        let r = analyze(
+            &[assistant("a b c"), Message::new(Role::System, "sys")],
+            None,
+        );
+        assert_eq!((r.query_index, r.query_terms.len()), (None, 0));
+        assert_eq!(r.relevance, [0.0, 0.0]);
+    }
+
+    #[test]
+    fn the_same_input_gives_the_same_bits() {
+        let messages: Vec<Message> = (0..50)
+            .map(|i| {
+                assistant(&format!(
+                    "note {i}: alpha beta gamma-{} delta {}",
+                    i % 7,
+                    i * 13
+                ))
+            })
+            .chain([user("what about gamma-3 and delta 39?")])
+            .collect();
+        let a = analyze(&messages, Some("alpha"));
+        let b = analyze(&messages, Some("alpha"));
+        assert_eq!(a, b);
+        assert!(a.relevance.iter().all(|r| (0.0..=1.0).contains(r)));
+    }
+}
