@@ -2,7 +2,6 @@
 //! checking everything serde cannot (references, bounds, regexes, URLs), and
 //! picks the policy for a request from its route and tenant.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,14 +71,21 @@ impl CompiledPolicy {
             .then(|| crate::engine::text::char_prefix(text, MAX_GOAL_CHARS).to_owned())
     }
 
-    /// The engine policy for one request: the compiled one, with the
-    /// request's relevance goal when there is one. The pipeline calls this
-    /// where it builds the engine input; an outcome computed with a goal
-    /// must be cached under the goal too (or not at all).
-    pub fn engine_for_request(&self, headers: &HeaderMap) -> Cow<'_, Policy> {
-        match self.relevance_goal(headers) {
-            Some(goal) => Cow::Owned(self.engine.with_goal(Some(goal))),
-            None => Cow::Borrowed(&self.engine),
+    /// This policy for a request that gives `goal`: the same policy, same
+    /// id, with the goal joining the relevance query. A goal changes the
+    /// outcome but not the cache key, so an outcome computed under it must
+    /// not be cached.
+    pub fn with_goal(&self, goal: String) -> CompiledPolicy {
+        CompiledPolicy {
+            id: self.id,
+            name: self.name.clone(),
+            engine: self.engine.with_goal(Some(goal)),
+            mode: self.mode,
+            pin_first_user: self.pin_first_user,
+            pin_patterns: self.pin_patterns.clone(),
+            allow_bypass: self.allow_bypass,
+            dry_run: self.dry_run,
+            relevance_goal_header: self.relevance_goal_header.clone(),
         }
     }
 }

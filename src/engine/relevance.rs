@@ -147,9 +147,26 @@ enum Kind {
 struct Query {
     ids: FxHashMap<String, usize>,
     terms: Vec<(String, Kind)>,
-    /// Which first bytes any query term starts with: a document term whose
-    /// first byte is not here cannot match, and skips folding and stemming.
-    first_bytes: [bool; 256],
+    /// A prefilter on a document term's first three bytes, so most terms
+    /// skip folding, stemming and the lookup. Folding keeps ASCII bytes in
+    /// place, and [`stem`] keeps the first three letters of a word of three
+    /// or more, except `xxies` -> `xxy` (and `sses` -> `ss`). So a query
+    /// term of three or more bytes sets the bit of its first three
+    /// ([`prefix_bit`]), plus `xxi` for a three-letter `xxy`; a two-byte
+    /// query term sets `short_pairs`, checked for document terms of up to
+    /// four bytes. A document term with a non-ASCII byte among its first
+    /// three always takes the full path.
+    prefixes: [u64; PREFIX_WORDS],
+    short_pairs: [u128; 128],
+}
+
+const PREFIX_WORDS: usize = 128;
+
+/// The bit of `prefixes` for three lowercase ASCII bytes (a hash: a
+/// collision only lets a term through to the exact lookup).
+fn prefix_bit(a: u8, b: u8, c: u8) -> (usize, u64) {
+    let h = (a as usize * 961 + b as usize * 31 + c as usize) % (PREFIX_WORDS * 64);
+    (h / 64, 1 << (h % 64))
 }
 
 impl Default for Query {
@@ -157,7 +174,8 @@ impl Default for Query {
         Query {
             ids: FxHashMap::default(),
             terms: Vec::new(),
-            first_bytes: [false; 256],
+            prefixes: [0; PREFIX_WORDS],
+            short_pairs: [0; 128],
         }
     }
 }
@@ -168,7 +186,18 @@ impl Query {
             return;
         };
         if !self.ids.contains_key(&term) {
-            self.first_bytes[term.as_bytes()[0] as usize] = true;
+            match *term.as_bytes() {
+                [a, b] if a.is_ascii() && b.is_ascii() => self.short_pairs[a as usize] |= 1 << b,
+                [a, b, c, ..] if a.is_ascii() && b.is_ascii() && c.is_ascii() => {
+                    let (word, bit) = prefix_bit(a, b, c);
+                    self.prefixes[word] |= bit;
+                    if term.len() == 3 && c == b'y' {
+                        let (word, bit) = prefix_bit(a, b, b'i');
+                        self.prefixes[word] |= bit;
+                    }
+                }
+                _ => {} // not ASCII: documents take the full path
+            }
             self.ids.insert(term.clone(), self.terms.len());
             self.terms.push((term, kind));
         }
@@ -180,11 +209,27 @@ impl Query {
         let mut buf = String::new();
         for_each_term(text, |raw, kind| {
             *length += 1;
-            let first = raw.as_bytes()[0];
-            // Folding keeps an ASCII first byte's letter; other first bytes
-            // are looked up the slow way.
-            if first.is_ascii() && !self.first_bytes[first.to_ascii_lowercase() as usize] {
-                return;
+            match *raw.as_bytes() {
+                [_] => return, // one char: never a query term
+                [a, b] if a.is_ascii() && b.is_ascii() => {
+                    let (a, b) = (a.to_ascii_lowercase(), b.to_ascii_lowercase());
+                    if self.short_pairs[a as usize] & (1 << b) == 0 {
+                        return;
+                    }
+                }
+                [a, b, c, ..] if a.is_ascii() && b.is_ascii() && c.is_ascii() => {
+                    let (a, b, c) = (
+                        a.to_ascii_lowercase(),
+                        b.to_ascii_lowercase(),
+                        c.to_ascii_lowercase(),
+                    );
+                    let (word, bit) = prefix_bit(a, b, c);
+                    let short = raw.len() <= 4 && self.short_pairs[a as usize] & (1 << b) != 0;
+                    if self.prefixes[word] & bit == 0 && !short {
+                        return;
+                    }
+                }
+                _ => {} // not ASCII: fold and look up
             }
             if let Some(term) = normalize(raw, kind, &mut buf) {
                 if let Some(&t) = self.ids.get(&term) {
@@ -218,33 +263,93 @@ fn normalize(raw: &str, kind: Kind, buf: &mut String) -> Option<String> {
     Some(term)
 }
 
-fn is_joiner(c: char) -> bool {
-    matches!(c, '-' | '_' | '.' | '/' | ':' | '#' | '@' | '+')
+const fn is_joiner(b: u8) -> bool {
+    matches!(b, b'-' | b'_' | b'.' | b'/' | b':' | b'#' | b'@' | b'+')
 }
+
+/// Byte classes for the scanner.
+const OTHER: u8 = 0;
+const ALNUM: u8 = 1;
+const JOINER: u8 = 2;
+const NOT_ASCII: u8 = 3;
+
+static CLASS: [u8; 256] = {
+    let mut table = [OTHER; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = if !byte.is_ascii() {
+            NOT_ASCII
+        } else if byte.is_ascii_alphanumeric() {
+            ALNUM
+        } else if is_joiner(byte) {
+            JOINER
+        } else {
+            OTHER
+        };
+        b += 1;
+    }
+    table
+};
 
 /// Calls `f` with each term of `text`: every joined run whole (kind
 /// `Joined`) followed by its parts, and every lone run (kind `Plain`).
+///
+/// Walks bytes by a class table: ASCII, nearly all of a chat, is classified
+/// by byte, and only a non-ASCII character is decoded to ask
+/// `char::is_alphanumeric`. This scan is most of relevance's cost.
 fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
-    let mut chars = text.char_indices().peekable();
-    while let Some((start, c)) = chars.next() {
-        if !c.is_alphanumeric() {
-            continue;
+    let bytes = text.as_bytes();
+    let n = bytes.len();
+    // Whether the char at byte `i` is alphanumeric, and its length.
+    let alnum_at = |i: usize| -> (bool, usize) {
+        let b = bytes[i];
+        if b.is_ascii() {
+            (b.is_ascii_alphanumeric(), 1)
+        } else {
+            let c = text[i..].chars().next().unwrap_or(' ');
+            (c.is_alphanumeric(), c.len_utf8())
         }
-        // Extend over letters and digits, and over a joiner followed by one.
-        let mut end = start + c.len_utf8();
-        let mut joined = false;
-        while let Some(&(at, c)) = chars.peek() {
-            if c.is_alphanumeric() {
-                end = at + c.len_utf8();
-                chars.next();
-            } else if is_joiner(c) && text[at + c.len_utf8()..].starts_with(char::is_alphanumeric) {
-                joined = true;
-                chars.next();
-            } else {
-                break;
+    };
+    let mut i = 0;
+    while i < n {
+        match CLASS[bytes[i] as usize] {
+            ALNUM => {}
+            NOT_ASCII => {
+                let (alnum, len) = alnum_at(i);
+                if !alnum {
+                    i += len;
+                    continue;
+                }
+            }
+            _ => {
+                i += 1;
+                continue;
             }
         }
-        let run = &text[start..end];
+        let start = i;
+        let mut joined = false;
+        loop {
+            while i < n && CLASS[bytes[i] as usize] == ALNUM {
+                i += 1;
+            }
+            if i >= n {
+                break;
+            }
+            match CLASS[bytes[i] as usize] {
+                // A joiner counts only between two letters or digits.
+                JOINER if i + 1 < n && alnum_at(i + 1).0 => {
+                    joined = true;
+                    i += 1;
+                }
+                NOT_ASCII => match alnum_at(i) {
+                    (true, len) => i += len,
+                    (false, _) => break,
+                },
+                _ => break,
+            }
+        }
+        let run = &text[start..i];
         if joined {
             f(run, Kind::Joined);
             for part in run.split(|c: char| !c.is_alphanumeric()) {
@@ -324,12 +429,10 @@ pub fn stem(word: &mut String) {
     let _ = strip(word, "ation", 3) || strip(word, "ment", 4) || strip(word, "ness", 3);
     // A final consonant-y (delivery, deliveries) and a final e (code, coded).
     let n = word.len();
-    if n > 3
-        && word.ends_with('y')
-        && !matches!(word.as_bytes()[n - 2], b'a' | b'e' | b'i' | b'o' | b'u')
-    {
-        word.truncate(n - 1);
-    } else if n > 3 && word.ends_with('e') {
+    let consonant_y = word.ends_with('y')
+        && n > 1
+        && !matches!(word.as_bytes()[n - 2], b'a' | b'e' | b'i' | b'o' | b'u');
+    if n > 3 && (consonant_y || word.ends_with('e')) {
         word.truncate(n - 1);
     }
 }
@@ -424,6 +527,24 @@ mod tests {
         );
         // A joiner must be followed by a letter or digit: sentence ends are not joins.
         assert_eq!(terms("v2. Deploy-"), ["v2", "deploy"]);
+    }
+
+    #[test]
+    fn the_first_pair_filter_never_hides_a_match() {
+        let text = "Kestrel KESTRELS kestrel-7 \u{212a}estrel Ärger ärgerlich naïve Naïve x y \
+                    src/main.rs main deliveries Delivered 4410 4410-EUR tries try TRY \
+                    sses SS flies fly ab AB abs";
+        let mut query = Query::default();
+        for_each_term(text, |raw, kind| query.add(raw, kind));
+        let mut fast = vec![0u32; query.terms.len()];
+        let mut length = 0;
+        query.count_in(text, &mut fast, &mut length);
+        let mut slow = vec![0u32; query.terms.len()];
+        for term in terms(text) {
+            slow[query.ids[&term]] += 1;
+        }
+        assert_eq!(fast, slow);
+        assert!(fast.iter().all(|&c| c > 0));
     }
 
     #[test]
