@@ -164,6 +164,7 @@ const PREFIX_WORDS: usize = 128;
 
 /// The bit of `prefixes` for three lowercase ASCII bytes (a hash: a
 /// collision only lets a term through to the exact lookup).
+#[inline(always)]
 fn prefix_bit(a: u8, b: u8, c: u8) -> (usize, u64) {
     let h = (a as usize * 961 + b as usize * 31 + c as usize) % (PREFIX_WORDS * 64);
     (h / 64, 1 << (h % 64))
@@ -231,13 +232,20 @@ impl Query {
                 }
                 _ => {} // not ASCII: fold and look up
             }
-            if let Some(term) = normalize(raw, kind, &mut buf) {
-                if let Some(&t) = self.ids.get(&term) {
-                    counts[t] += 1;
-                }
-                buf = term;
-            }
+            self.count_term(raw, kind, counts, &mut buf);
         });
+    }
+
+    /// The exact match of one term that passed the prefilter; out of line
+    /// so the prefilter inlines into the scan.
+    #[inline(never)]
+    fn count_term(&self, raw: &str, kind: Kind, counts: &mut [u32], buf: &mut String) {
+        if let Some(term) = normalize(raw, kind, buf) {
+            if let Some(&t) = self.ids.get(&term) {
+                counts[t] += 1;
+            }
+            *buf = term;
+        }
     }
 }
 
@@ -351,13 +359,21 @@ fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
         }
         let run = &text[start..i];
         if joined {
-            f(run, Kind::Joined);
-            for part in run.split(|c: char| !c.is_alphanumeric()) {
-                f(part, Kind::Plain);
-            }
+            joined_run(run, &mut f);
         } else {
             f(run, Kind::Plain);
         }
+    }
+}
+
+/// A joined run whole, then its parts: rare, so kept out of the scan loop
+/// where it would stop the per-term callback from being inlined.
+#[cold]
+#[inline(never)]
+fn joined_run(run: &str, f: &mut dyn FnMut(&str, Kind)) {
+    f(run, Kind::Joined);
+    for part in run.split(|c: char| !c.is_alphanumeric()) {
+        f(part, Kind::Plain);
     }
 }
 
