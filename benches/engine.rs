@@ -359,7 +359,7 @@ fn bench_compact_narrow_vocabulary(c: &mut Criterion) {
 /// The proxy's whole step 5 on the real fixtures: parse the body, compact
 /// its messages (tool-call groups, array content) and splice the result.
 fn bench_chat_body(c: &mut Criterion) {
-    use compaction_proxy::openai::ChatBody;
+    use compaction_proxy::format::chat::ChatBody;
     use compaction_proxy::policy::CompiledPolicy;
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/fixtures/");
     let mut group = c.benchmark_group("chat_body");

@@ -15,15 +15,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use moka::sync::Cache;
 
-use crate::metrics::LossSummary;
-
-/// What compacting one body produced.
-#[derive(Debug)]
-pub struct Outcome {
-    pub loss: LossSummary,
-    /// The body to forward, or `None` when it is the input unchanged.
-    pub rewritten: Option<Bytes>,
-}
+use crate::compaction::stable::{Checkpoints, ReplayState};
+use crate::format::Format;
+pub use crate::outcome::Outcome;
 
 #[derive(Debug)]
 struct Entry {
@@ -49,23 +43,28 @@ impl CompactionCache {
         CompactionCache { entries }
     }
 
-    fn key(policy: u64, input: &[u8]) -> u64 {
+    fn key(policy: u64, format: Format, input: &[u8]) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         policy.hash(&mut h);
+        format.hash(&mut h);
         input.hash(&mut h);
         h.finish()
     }
 
-    /// The outcome cached for `input` under the policy with id `policy`.
-    pub fn get(&self, policy: u64, input: &[u8]) -> Option<Arc<Outcome>> {
-        let entry = self.entries.as_ref()?.get(&Self::key(policy, input))?;
+    /// The outcome cached for `input` in `format` under the policy with id
+    /// `policy`.
+    pub fn get(&self, policy: u64, format: Format, input: &[u8]) -> Option<Arc<Outcome>> {
+        let entry = self
+            .entries
+            .as_ref()?
+            .get(&Self::key(policy, format, input))?;
         (entry.input.as_ref() == input).then(|| entry.outcome.clone())
     }
 
-    pub fn insert(&self, policy: u64, input: Bytes, outcome: Arc<Outcome>) {
+    pub fn insert(&self, policy: u64, format: Format, input: Bytes, outcome: Arc<Outcome>) {
         if let Some(entries) = &self.entries {
             entries.insert(
-                Self::key(policy, &input),
+                Self::key(policy, format, &input),
                 Arc::new(Entry { input, outcome }),
             );
         }
@@ -78,9 +77,56 @@ impl CompactionCache {
     }
 }
 
+/// Stable mode's replay checkpoints: the state at the end of each recent
+/// request, so the next turn of the same conversation only replays its new
+/// items. Bounded in bytes by moka; an evicted checkpoint only costs a
+/// longer replay, never a different result.
+pub struct CheckpointStore {
+    states: Option<Cache<u128, Arc<ReplayState>>>,
+}
+
+impl CheckpointStore {
+    pub fn new(max_bytes: u64) -> Self {
+        let states = (max_bytes > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, s: &Arc<ReplayState>| s.weight())
+                .build()
+        });
+        CheckpointStore { states }
+    }
+
+    pub fn clear(&self) {
+        if let Some(states) = &self.states {
+            states.invalidate_all();
+        }
+    }
+
+    /// Bytes held now (after pending evictions run).
+    pub fn weighted_size(&self) -> u64 {
+        self.states.as_ref().map_or(0, |s| {
+            s.run_pending_tasks();
+            s.weighted_size()
+        })
+    }
+}
+
+impl Checkpoints for CheckpointStore {
+    fn get(&self, key: u128) -> Option<Arc<ReplayState>> {
+        self.states.as_ref()?.get(&key)
+    }
+
+    fn put(&self, key: u128, state: Arc<ReplayState>) {
+        if let Some(states) = &self.states {
+            states.insert(key, state);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::LossSummary;
 
     fn outcome() -> Arc<Outcome> {
         Arc::new(Outcome {
@@ -95,24 +141,45 @@ mod tests {
                 budget_met: true,
             },
             rewritten: Some(Bytes::from_static(b"{}")),
+            stable: None,
         })
     }
 
     #[test]
     fn hits_only_for_the_same_policy_and_bytes() {
         let cache = CompactionCache::new(1 << 20);
-        cache.insert(1, Bytes::from_static(b"body"), outcome());
-        assert!(cache.get(1, b"body").is_some());
-        assert!(cache.get(2, b"body").is_none());
-        assert!(cache.get(1, b"body2").is_none());
+        cache.insert(1, Format::Chat, Bytes::from_static(b"body"), outcome());
+        assert!(cache.get(1, Format::Chat, b"body").is_some());
+        assert!(cache.get(1, Format::Anthropic, b"body").is_none());
+        assert!(cache.get(2, Format::Chat, b"body").is_none());
+        assert!(cache.get(1, Format::Chat, b"body2").is_none());
         cache.clear();
-        assert!(cache.get(1, b"body").is_none());
+        assert!(cache.get(1, Format::Chat, b"body").is_none());
     }
 
     #[test]
     fn size_zero_turns_the_cache_off() {
         let cache = CompactionCache::new(0);
-        cache.insert(1, Bytes::from_static(b"body"), outcome());
-        assert!(cache.get(1, b"body").is_none());
+        cache.insert(1, Format::Chat, Bytes::from_static(b"body"), outcome());
+        assert!(cache.get(1, Format::Chat, b"body").is_none());
+    }
+
+    #[test]
+    fn checkpoints_stay_within_their_bytes() {
+        let store = CheckpointStore::new(64 * 1024);
+        for key in 0..100_000u128 {
+            let state = ReplayState {
+                entries: vec![crate::compaction::stable::Entry { index: 0, kept: 1 }; 32],
+                replayed: 32,
+                turn: None,
+            };
+            store.put(key, Arc::new(state));
+        }
+        assert!(
+            store.weighted_size() <= 64 * 1024,
+            "{}",
+            store.weighted_size()
+        );
+        assert!(store.weighted_size() > 0);
     }
 }

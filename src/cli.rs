@@ -36,9 +36,14 @@ pub enum Command {
     Compact {
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Policy for chat-completions bodies (default: the first route's).
+        /// Policy for API bodies (default: the first route's).
         #[arg(long)]
         policy: Option<String>,
+        /// The body's format: chat, anthropic or responses (default: chat
+        /// for a body with `messages`; a body with `budget_chars` is a
+        /// memory-compact request).
+        #[arg(long)]
+        format: Option<crate::format::Format>,
     },
     /// Validate the configuration and print every problem.
     CheckConfig {
@@ -65,7 +70,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         None => serve(cli.serve),
         Some(Command::Serve(args)) => serve(args),
-        Some(Command::Compact { config, policy }) => compact(config, policy),
+        Some(Command::Compact {
+            config,
+            policy,
+            format,
+        }) => compact(config, policy, format),
         Some(Command::CheckConfig { config }) => check_config(config),
     }
 }
@@ -96,7 +105,11 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<ExitCode> {
+fn compact(
+    file: Option<PathBuf>,
+    policy: Option<String>,
+    format: Option<crate::format::Format>,
+) -> anyhow::Result<ExitCode> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
     let value: serde_json::Value = match serde_json::from_slice(&input) {
@@ -107,7 +120,9 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
         }
     };
     let mut stdout = std::io::stdout().lock();
-    if value.get("budget_chars").is_some() || value.get("messages").is_none() {
+    let memory_compact_request =
+        value.get("budget_chars").is_some() || value.get("messages").is_none();
+    if format.is_none() && memory_compact_request {
         // The memory-compact API's request: print exactly what the API answers.
         return match memory_compact::validate(&value) {
             Ok(request) => {
@@ -146,7 +161,14 @@ fn compact(file: Option<PathBuf>, policy: Option<String>) -> anyhow::Result<Exit
     // As the proxy decides (same code): what cannot be compacted, and
     // everything under a dry-run policy, is forwarded as it came.
     let max_messages = runtime.config.server.max_messages;
-    let outcome = match proxy::compact::outcome_of(&input, &policy, max_messages) {
+    let format = format.unwrap_or_default();
+    let outcome = match proxy::compact::outcome_of(
+        &input,
+        &policy,
+        format,
+        max_messages,
+        &crate::compaction::stable::NoCheckpoints,
+    ) {
         Ok(outcome) => outcome,
         Err(skip) => {
             stdout.write_all(&input)?;

@@ -104,12 +104,17 @@ impl Default for UpstreamConfig {
 pub struct CacheConfig {
     /// Bytes of request and forwarded bodies the cache may hold; 0 turns it off.
     pub max_bytes: u64,
+    /// Bytes of stable mode's replay checkpoints (a few bytes per forwarded
+    /// message of each recent conversation); 0 turns them off, which only
+    /// makes each turn replay its whole history.
+    pub checkpoint_max_bytes: u64,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
             max_bytes: 64 * 1024 * 1024,
+            checkpoint_max_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -120,7 +125,8 @@ pub enum Mode {
     /// Compact each request on its own.
     #[default]
     Exact,
-    /// Keep the forwarded prefix stable across turns (not in this version).
+    /// Keep the forwarded prefix stable across turns, so prompt caching
+    /// keeps working ([`crate::compaction::stable`]).
     Stable,
 }
 
@@ -176,6 +182,21 @@ pub struct PolicyConfig {
     /// message as what the request is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relevance_goal_header: Option<String>,
+    /// Stable mode: a re-compaction brings the form down to this share of
+    /// the budget, so the next turns only append.
+    #[serde(default = "default_stable_target_ratio")]
+    pub stable_target_ratio: f64,
+    /// Stable mode: a re-compaction keeps the leading items within this
+    /// share of the budget as they were, so their cached prefix survives.
+    #[serde(default = "default_stable_head_ratio")]
+    pub stable_head_ratio: f64,
+}
+
+fn default_stable_target_ratio() -> f64 {
+    0.7
+}
+fn default_stable_head_ratio() -> f64 {
+    0.4
 }
 
 fn default_keep_last_n() -> usize {
@@ -210,6 +231,8 @@ impl PolicyConfig {
             pin_relevant_above: None,
             relevant_pin_share: None,
             relevance_goal_header: None,
+            stable_target_ratio: default_stable_target_ratio(),
+            stable_head_ratio: default_stable_head_ratio(),
         }
     }
 
@@ -238,9 +261,14 @@ impl PolicyConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RouteConfig {
-    /// An exact path, or a prefix ending in `*`.
+    /// An exact path; a `*` segment matches any one segment, and a
+    /// trailing `*` any rest of the path.
     pub path: String,
     pub policy: String,
+    /// The body format; by default the one the path implies (`.../messages`
+    /// is anthropic, `.../responses` is responses, anything else chat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<crate::format::Format>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -112,9 +112,63 @@ impl ProxyError {
     }
 }
 
+/// Anthropic's error type for a status, as its API spells them.
+fn anthropic_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        504 => "timeout_error",
+        529 => "overloaded_error",
+        s if (400..500).contains(&s) => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
+impl ProxyError {
+    /// [`ProxyError::to_response`] in the error shape of the route's API:
+    /// Anthropic clients read `{"type":"error","error":{"type","message"}}`.
+    pub fn to_response_in(&self, format: crate::format::Format) -> Response<Bytes> {
+        let response = self.to_response();
+        if format != crate::format::Format::Anthropic {
+            return response;
+        }
+        let (parts, _) = response.into_parts();
+        let body = json!({
+            "type": "error",
+            "error": {
+                "type": anthropic_error_type(parts.status),
+                "message": self.to_string(),
+            }
+        });
+        Response::from_parts(
+            parts,
+            Bytes::from(serde_json::to_vec(&body).expect("json serialises")),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anthropic_routes_get_anthropic_shaped_errors() {
+        let r = ProxyError::UpstreamTimeout(2.0).to_response_in(crate::format::Format::Anthropic);
+        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "timeout_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 seconds"));
+        let r = ProxyError::BodyTooLarge { limit: 1 }.to_response_in(crate::format::Format::Chat);
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["error"]["code"], "body_too_large");
+    }
 
     #[test]
     fn every_error_has_an_openai_shaped_body() {

@@ -1,14 +1,17 @@
-//! compaction-proxy: a transparent reverse proxy that compacts the `messages`
-//! of OpenAI-style chat-completions requests to a budget and reports what it
-//! removed.
+//! compaction-proxy: a transparent reverse proxy that compacts the
+//! conversation of LLM API requests (OpenAI chat completions, Anthropic
+//! Messages, OpenAI Responses) to a budget and reports what it removed.
 //!
 //! Modules by concern (a request's path through them is documented in
 //! [`proxy`]):
 //! - [`engine`]: the pure compaction engine of `COMPACTION.md` (no I/O).
+//! - [`format`]: the body formats, side by side behind one interface.
+//! - [`compaction`]: the format-neutral pipeline (pins, exact or stable
+//!   mode, format rules, loss), pure like the engine.
+//! - [`outcome`]: what compacting one body produced.
 //! - [`memory_compact`]: the engine's HTTP API request schema.
-//! - [`openai`]: the chat-completions body model.
 //! - [`config`] and [`policy`]: layered configuration and policy resolution.
-//! - [`cache`]: compaction outcomes of repeated bodies.
+//! - [`cache`]: outcomes of repeated bodies and stable mode's checkpoints.
 //! - [`proxy`]: server, forwarding, headers, streaming.
 //! - [`metrics`] and [`admin`]: what operators watch and probe.
 //! - [`error`]: the proxy's own failures as HTTP answers.
@@ -17,11 +20,13 @@
 pub mod admin;
 pub mod cache;
 pub mod cli;
+pub mod compaction;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod format;
 pub mod memory_compact;
 pub mod metrics;
-pub mod openai;
+pub mod outcome;
 pub mod policy;
 pub mod proxy;

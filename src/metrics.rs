@@ -73,6 +73,14 @@ impl LossSummary {
         }
     }
 
+    /// A conversation forwarded as it came, measured against `budget`.
+    pub fn unchanged_within(chars: usize, messages: usize, budget: usize) -> Self {
+        LossSummary {
+            budget_met: chars <= budget,
+            ..Self::unchanged(chars, messages)
+        }
+    }
+
     pub fn from_report(report: &crate::engine::Report) -> Self {
         LossSummary {
             input_chars: report.loss.input_chars,
@@ -254,6 +262,10 @@ pub struct RequestEvent {
     pub response_status: u16,
     pub total_seconds: f64,
     pub ending: Ending,
+    /// The route's body format, on matched routes.
+    pub format: Option<crate::format::Format>,
+    /// Stable mode re-compacted on this turn.
+    pub rebased: bool,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -307,6 +319,8 @@ impl RequestEvent {
             response_status: 0,
             total_seconds: 0.0,
             ending: Ending::Complete,
+            format: None,
+            rebased: false,
         }
     }
 
@@ -434,6 +448,8 @@ mod tests {
             upstream_seconds: Some(0.2),
             response_status: 200,
             total_seconds: 0.2,
+            format: None,
+            rebased: false,
             ending: Ending::Complete,
         };
         event.emit(&m);

@@ -14,6 +14,7 @@ use rustls_pki_types::CertificateDer;
 
 use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig, Scoring};
 use crate::engine::Policy;
+use crate::format::Format;
 
 /// Label used for tenants that are not configured (bounded metric labels).
 pub const OTHER_TENANT: &str = "other";
@@ -33,6 +34,9 @@ pub struct CompiledPolicy {
     pub dry_run: bool,
     /// `scoring = "relevance"`: the request header whose text is the goal.
     pub relevance_goal_header: Option<HeaderName>,
+    /// Stable mode's low-water mark and kept head, as shares of the budget.
+    pub stable_target_ratio: f64,
+    pub stable_head_ratio: f64,
 }
 
 /// The most chars of a goal header that join the relevance query: a goal
@@ -57,6 +61,8 @@ impl CompiledPolicy {
             allow_bypass: false,
             dry_run: false,
             relevance_goal_header: None,
+            stable_target_ratio: 0.7,
+            stable_head_ratio: 0.4,
         }
     }
 
@@ -86,24 +92,61 @@ impl CompiledPolicy {
             allow_bypass: self.allow_bypass,
             dry_run: self.dry_run,
             relevance_goal_header: self.relevance_goal_header.clone(),
+            stable_target_ratio: self.stable_target_ratio,
+            stable_head_ratio: self.stable_head_ratio,
         }
     }
 }
 
 #[derive(Debug)]
 struct Route {
-    path: String,
+    /// The configured path: the route's metric label.
+    label: String,
+    /// The path's segments after the leading `/`; `*` matches any one.
+    segments: Vec<String>,
+    /// The path ended in `*`: its last segment is a prefix of the rest of
+    /// the request path, however deep.
     prefix: bool,
+    format: Format,
     policy: Arc<CompiledPolicy>,
 }
 
 impl Route {
-    fn matches(&self, path: &str) -> bool {
-        if self.prefix {
-            path.starts_with(&self.path)
-        } else {
-            path == self.path
+    fn new(path: &str, format: Format, policy: Arc<CompiledPolicy>) -> Self {
+        let (pattern, prefix) = match path.strip_suffix('*') {
+            Some(p) => (p, true),
+            None => (path, false),
+        };
+        Route {
+            label: path.to_owned(),
+            segments: pattern
+                .strip_prefix('/')
+                .unwrap_or(pattern)
+                .split('/')
+                .map(str::to_owned)
+                .collect(),
+            prefix,
+            format,
+            policy,
         }
+    }
+
+    fn matches(&self, path: &str) -> bool {
+        let mut rest = path;
+        for (i, want) in self.segments.iter().enumerate() {
+            let Some(r) = rest.strip_prefix('/') else {
+                return false;
+            };
+            if self.prefix && i + 1 == self.segments.len() {
+                return r.starts_with(want.as_str());
+            }
+            let (segment, tail) = r.split_at(r.find('/').unwrap_or(r.len()));
+            if want != "*" && want != segment {
+                return false;
+            }
+            rest = tail;
+        }
+        rest.is_empty()
     }
 }
 
@@ -129,6 +172,8 @@ pub struct Resolution {
     pub policy: Arc<CompiledPolicy>,
     /// The tenant if configured, else [`OTHER_TENANT`].
     pub tenant: String,
+    /// The route's body format.
+    pub format: Format,
 }
 
 impl Runtime {
@@ -214,16 +259,9 @@ impl Runtime {
             if !r.path.starts_with('/') {
                 problem(format!("routes[{i}].path"), "must start with /".into());
             }
-            let (path, prefix) = match r.path.strip_suffix('*') {
-                Some(p) => (p.to_owned(), true),
-                None => (r.path.clone(), false),
-            };
+            let format = r.format.unwrap_or_else(|| Format::for_path(&r.path));
             match policies.get(&r.policy) {
-                Some(policy) => routes.push(Route {
-                    path,
-                    prefix,
-                    policy: policy.clone(),
-                }),
+                Some(policy) => routes.push(Route::new(&r.path, format, policy.clone())),
                 None if config.policies.contains_key(&r.policy) => {} // already reported
                 None => problem(
                     format!("routes[{i}].policy"),
@@ -282,15 +320,12 @@ impl Runtime {
             route: self.route_label(route),
             policy,
             tenant,
+            format: route.format,
         })
     }
 
     fn route_label(&self, route: &Route) -> String {
-        if route.prefix {
-            format!("{}*", route.path)
-        } else {
-            route.path.clone()
-        }
+        route.label.clone()
     }
 
     /// A named policy, for the offline `compact` command.
@@ -367,10 +402,13 @@ fn compile_policy(
     if p.max_message_chars == 0 {
         problems.push(("max_message_chars", "must be at least 1".to_owned()));
     }
-    if p.mode == Mode::Stable {
+    if !(p.stable_target_ratio > 0.0 && p.stable_target_ratio <= 1.0) {
+        problems.push(("stable_target_ratio", "must be in (0, 1]".to_owned()));
+    }
+    if !(p.stable_head_ratio >= 0.0 && p.stable_head_ratio < p.stable_target_ratio) {
         problems.push((
-            "mode",
-            "\"stable\" is not available in this version; use \"exact\"".to_owned(),
+            "stable_head_ratio",
+            "must be in [0, stable_target_ratio)".to_owned(),
         ));
     }
     for (key, value) in [
@@ -417,6 +455,8 @@ fn compile_policy(
             allow_bypass: p.allow_bypass,
             dry_run: p.dry_run,
             relevance_goal_header: relevance_goal_header.and_then(Result::ok),
+            stable_target_ratio: p.stable_target_ratio,
+            stable_head_ratio: p.stable_head_ratio,
         }),
         _ => Err(problems),
     }
@@ -554,8 +594,49 @@ mod tests {
     }
 
     #[test]
-    fn stable_mode_is_refused_until_it_exists() {
-        let err = runtime("[policies.default]\nmode = \"stable\"").unwrap_err();
-        assert_eq!(err.0[0].path, "policies.default.mode");
+    fn stable_mode_is_accepted_and_its_ratios_checked() {
+        let rt = runtime("[policies.default]\nmode = \"stable\"").unwrap();
+        let p = rt.policy("default").unwrap();
+        assert_eq!(p.mode, Mode::Stable);
+        assert_eq!((p.stable_target_ratio, p.stable_head_ratio), (0.7, 0.4));
+        let err = runtime(
+            "[policies.default]\nmode = \"stable\"\nstable_target_ratio = 1.5\nstable_head_ratio = -1",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert!(
+            paths.contains(&"policies.default.stable_target_ratio"),
+            "{paths:?}"
+        );
+        assert!(
+            paths.contains(&"policies.default.stable_head_ratio"),
+            "{paths:?}"
+        );
+    }
+
+    #[test]
+    fn routes_name_or_imply_their_format_and_match_star_segments() {
+        let rt = runtime(
+            "[[routes]]\npath = \"/openai/deployments/*/chat/completions\"\npolicy = \"default\"\n\
+             [[routes]]\npath = \"/v1/messages\"\npolicy = \"default\"\n\
+             [[routes]]\npath = \"/custom\"\npolicy = \"default\"\nformat = \"responses\"",
+        )
+        .unwrap();
+        let h = HeaderMap::new();
+        let azure = rt
+            .resolve("/openai/deployments/gpt4o/chat/completions", &h)
+            .unwrap();
+        assert_eq!(azure.format, Format::Chat);
+        assert_eq!(azure.route, "/openai/deployments/*/chat/completions");
+        assert!(rt
+            .resolve("/openai/deployments/a/b/chat/completions", &h)
+            .is_none());
+        assert_eq!(
+            rt.resolve("/v1/messages", &h).unwrap().format,
+            Format::Anthropic
+        );
+        assert_eq!(Format::for_path("/v1/responses"), Format::Responses);
+        assert_eq!(rt.resolve("/custom", &h).unwrap().format, Format::Responses);
+        assert!(rt.resolve("/v1/messages/count_tokens", &h).is_none());
     }
 }

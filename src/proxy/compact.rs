@@ -1,8 +1,10 @@
 //! Step 5 of the pipeline: decide what to forward for a collected body on a
 //! matched route. Decoding, hashing for the cache and the engine all cost
-//! CPU in proportion to the body, so they run on the blocking pool, and at
-//! most one compaction per core runs at a time: a burst of large bodies
-//! queues instead of multiplying the proxy's memory.
+//! CPU in proportion to the body. A small body is decided right on the
+//! async worker: handing it to another thread costs more than the work. A
+//! large one runs on the blocking pool, at most one per core at a time, so
+//! a burst of large bodies queues instead of multiplying the proxy's memory
+//! or starving the small requests beside it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,11 +13,27 @@ use bytes::Bytes;
 
 use super::body::{self, Coding};
 use super::AppState;
-use crate::cache::Outcome;
+use crate::compaction::stable::Checkpoints;
 use crate::error::ProxyError;
-use crate::metrics::{LossSummary, Status};
-use crate::openai::{ChatBody, Skip};
+use crate::format::{Format, Skip};
+use crate::outcome::{Outcome, Status};
 use crate::policy::{CompiledPolicy, Resolution, Runtime};
+
+/// Bodies up to this size are decided on the async worker: below it, the
+/// hand-off to the blocking pool (two thread wake-ups) costs more than
+/// parsing and compacting.
+pub const INLINE_BODY_BYTES: usize = 64 * 1024;
+/// A body no longer than its budget in bytes fits it for sure (a char is
+/// at least one byte), so only a parse and count is left: done on the async
+/// worker up to this size.
+pub const INLINE_FITTING_BODY_BYTES: usize = 1024 * 1024;
+
+/// Whether deciding this body is cheap enough for the async worker.
+fn decide_inline(raw: &[u8], coding: Coding, policy: &CompiledPolicy) -> bool {
+    coding == Coding::Identity
+        && (raw.len() <= INLINE_BODY_BYTES
+            || (raw.len() <= INLINE_FITTING_BODY_BYTES && raw.len() <= policy.engine.budget_chars))
+}
 
 /// What to forward, and what the loss report says.
 pub(super) struct Decided {
@@ -57,24 +75,39 @@ pub(super) async fn decide(
     if coding == Coding::Unsupported {
         return Ok(Decided::skipped("unsupported-encoding"));
     }
-    let permit = state
-        .compactions
-        .clone()
-        .acquire_owned()
-        .await
-        .expect("the compaction semaphore is never closed");
     let limits = Limits {
         body_bytes: runtime.config.server.max_body_bytes,
         messages: runtime.config.server.max_messages,
     };
-    let (task_state, policy) = (state.clone(), resolution.policy.clone());
-    let computed = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
+    let format = resolution.format;
+    let computed = if decide_inline(&raw, coding, &resolution.policy) {
         let started = Instant::now();
-        let result = compute(&task_state, &policy, &raw, coding, limits, goal);
-        (result, started.elapsed().as_secs_f64())
-    })
-    .await;
+        let result = compute(
+            state,
+            &resolution.policy,
+            format,
+            &raw,
+            coding,
+            limits,
+            goal,
+        );
+        Ok((result, started.elapsed().as_secs_f64()))
+    } else {
+        let permit = state
+            .compactions
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the compaction semaphore is never closed");
+        let (task_state, policy) = (state.clone(), resolution.policy.clone());
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let started = Instant::now();
+            let result = compute(&task_state, &policy, format, &raw, coding, limits, goal);
+            (result, started.elapsed().as_secs_f64())
+        })
+        .await
+    };
 
     let policy = &resolution.policy;
     let ((outcome, hit), seconds) = match computed {
@@ -106,6 +139,7 @@ struct Limits {
 fn compute(
     state: &AppState,
     policy: &CompiledPolicy,
+    format: Format,
     raw: &[u8],
     coding: Coding,
     limits: Limits,
@@ -119,42 +153,52 @@ fn compute(
     };
     if let Some(goal) = goal {
         // The goal is not part of the cache key: compute, never cache.
-        let outcome = outcome_of(&decoded, &policy.with_goal(goal), limits.messages)
-            .map_err(|skip| Decline::Skip(skip.reason()))?;
+        let policy = policy.with_goal(goal);
+        let outcome = outcome_of(
+            &decoded,
+            &policy,
+            format,
+            limits.messages,
+            &state.checkpoints,
+        )
+        .map_err(|skip| Decline::Skip(skip.reason()))?;
         return Ok((Arc::new(outcome), false));
     }
-    if let Some(hit) = state.cache.get(policy.id, &decoded) {
+    if let Some(hit) = state.cache.get(policy.id, format, &decoded) {
         return Ok((hit, true));
     }
-    let outcome = outcome_of(&decoded, policy, limits.messages)
-        .map_err(|skip| Decline::Skip(skip.reason()))?;
+    let outcome = outcome_of(
+        &decoded,
+        policy,
+        format,
+        limits.messages,
+        &state.checkpoints,
+    )
+    .map_err(|skip| Decline::Skip(skip.reason()))?;
     let outcome = Arc::new(outcome);
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
-    state.cache.insert(policy.id, decoded, outcome.clone());
+    state
+        .cache
+        .insert(policy.id, format, decoded, outcome.clone());
     Ok((outcome, false))
 }
 
 /// What compacting a decoded body under `policy` gives: the pure core of
-/// this step, which the offline `compact` command shares. A body within its
-/// budget skips the engine, which would change nothing.
+/// this step, which the offline `compact` command shares.
 pub fn outcome_of(
     decoded: &[u8],
     policy: &CompiledPolicy,
+    format: Format,
     max_messages: usize,
+    checkpoints: &dyn Checkpoints,
 ) -> Result<Outcome, Skip> {
-    let chat = ChatBody::parse_limited(decoded, max_messages)?;
-    let total = chat.total_chars();
-    if total <= policy.engine.budget_chars {
-        return Ok(Outcome {
-            loss: LossSummary::unchanged(total, chat.len()),
-            rewritten: None,
-        });
-    }
-    let (report, rewritten) = chat.compact(policy);
+    let parsed = format.parse(decoded, max_messages)?;
+    let compacted = crate::compaction::compact(&parsed, policy, checkpoints);
     Ok(Outcome {
-        loss: LossSummary::from_report(&report),
-        rewritten: rewritten.map(Bytes::from),
+        loss: compacted.loss,
+        rewritten: compacted.plan.map(|plan| Bytes::from(parsed.splice(&plan))),
+        stable: compacted.stable,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use crate::compaction::stable::StableInfo;
 use crate::metrics::{LossSummary, Status};
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) plus the legacy ones proxies see.
@@ -107,6 +108,19 @@ pub fn write_loss_report(
         );
         set("x-compaction-budget-met", loss.budget_met.to_string());
     }
+}
+
+/// Writes stable mode's prefix report: how many leading forwarded messages
+/// the previous turn forwarded too, and whether this turn re-compacted.
+pub fn write_stable_report(headers: &mut HeaderMap, info: &StableInfo) {
+    headers.insert(
+        HeaderName::from_static("x-compaction-stable-messages"),
+        HeaderValue::from(info.stable_messages),
+    );
+    headers.insert(
+        HeaderName::from_static("x-compaction-rebased"),
+        HeaderValue::from_static(if info.rebased { "true" } else { "false" }),
+    );
 }
 
 /// True when the request asks to skip compaction.

@@ -4,17 +4,22 @@
 //! 2. **admin** ([`crate::admin`]): `/healthz`, `/readyz`, `/metrics` and
 //!    `/v1/memory-compact` are answered here, never forwarded.
 //! 3. **route + policy** ([`crate::policy::Runtime::resolve`]): the first
-//!    matching route's policy, overridden by a configured tenant's.
-//!    Unmatched requests are forwarded untouched, body streamed.
+//!    matching route's policy and body format, the policy overridden by a
+//!    configured tenant's. Unmatched requests are forwarded untouched, body
+//!    streamed.
 //! 4. **collect** ([`body`]): a POST on a matched route is collected up to
 //!    `max_body_bytes` (413 past it, nothing forwarded); gzip/deflate is
 //!    decoded under the same cap in step 5.
-//! 5. **compact** ([`compact`], over [`crate::openai`], [`crate::engine`]
-//!    and [`crate::cache`]): `messages` is compacted under the policy on the
-//!    blocking pool; anything not compactable is forwarded as received and
-//!    marked `skipped`.
-//! 6. **forward** ([`forward`]): hop-by-hop headers stripped, Host set for
-//!    the upstream; 502 if unreachable, 504 without headers in time.
+//! 5. **compact** ([`compact`]): the route's [`crate::format`] parses the
+//!    body into the neutral conversation, [`crate::compaction`] plans what
+//!    survives (pins, then the engine in exact mode or the stable replay),
+//!    and the format splices the plan back into the original bytes. Small
+//!    bodies are decided on the async worker, large ones on the blocking
+//!    pool; repeated bodies come from [`crate::cache`]. Anything not
+//!    compactable is forwarded as received and marked `skipped`.
+//! 6. **forward** ([`upstream`]): hop-by-hop headers stripped, Host set for
+//!    the upstream; 502 if unreachable, 504 without headers in time, each
+//!    in the error shape of the route's format.
 //! 7. **stream back** ([`body::Watched`]): the response goes back frame by
 //!    frame with the loss report headers ([`headers`]), cut after an idle
 //!    timeout; a departing client drops the upstream request. A protocol
@@ -24,9 +29,9 @@
 
 pub mod body;
 pub mod compact;
-pub mod forward;
 pub mod headers;
 pub mod server;
+pub mod upstream;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -37,12 +42,14 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
-use crate::cache::CompactionCache;
+use crate::cache::{CheckpointStore, CompactionCache};
+use crate::compaction::stable::StableInfo;
 use crate::error::ProxyError;
+use crate::format::Format;
 use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
 use crate::policy::{Resolution, Runtime};
 use body::{BodyEnd, ProxyBody};
-use forward::Upstream;
+use upstream::Upstream;
 
 /// State shared by all requests. The runtime (config and policies) is
 /// swapped whole on reload; each request holds the one it started with.
@@ -50,6 +57,8 @@ pub struct AppState {
     runtime: RwLock<Arc<Runtime>>,
     pub metrics: Metrics,
     pub cache: CompactionCache,
+    /// Stable mode's replay checkpoints.
+    pub checkpoints: CheckpointStore,
     upstream: Upstream,
     /// One permit per core: compactions beyond that queue (see [`compact`]).
     compactions: Arc<tokio::sync::Semaphore>,
@@ -66,6 +75,7 @@ impl AppState {
         let upstream = Upstream::new(connect, &runtime.upstream_roots);
         Arc::new(AppState {
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
+            checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
             upstream,
@@ -89,6 +99,7 @@ impl AppState {
     pub fn reload(&self, runtime: Runtime) {
         *self.runtime.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime);
         self.cache.clear();
+        self.checkpoints.clear();
     }
 
     pub fn is_ready(&self) -> bool {
@@ -162,6 +173,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             resolution,
             status,
             loss: None,
+            stable: None,
         };
         return forward(
             &state,
@@ -209,12 +221,16 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         }
         _ => raw,
     };
+    let stable = outcome.as_ref().and_then(|o| o.stable);
     let loss = outcome.map(|o| o.loss);
     record.loss = loss;
+    record.format = Some(resolution.format);
+    record.rebased = stable.is_some_and(|s| s.rebased);
     let verdict = Verdict {
         resolution,
         status,
         loss,
+        stable,
     };
     forward(
         &state,
@@ -237,6 +253,7 @@ struct Verdict {
     resolution: Resolution,
     status: Status,
     loss: Option<LossSummary>,
+    stable: Option<StableInfo>,
 }
 
 impl Verdict {
@@ -247,6 +264,9 @@ impl Verdict {
             &self.resolution.policy.name,
             self.loss.as_ref(),
         );
+        if let Some(stable) = &self.stable {
+            headers::write_stable_report(headers, stable);
+        }
     }
 }
 
@@ -320,7 +340,7 @@ async fn forward(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    parts.uri = forward::target(&runtime.upstream, &path_and_query);
+    parts.uri = upstream::target(&runtime.upstream, &path_and_query);
     parts.version = http::Version::HTTP_11;
     // A protocol upgrade (WebSocket): both sides' connections are joined
     // once the upstream agrees.
@@ -340,7 +360,8 @@ async fn forward(
         Ok(response) => response,
         Err(e) => {
             // The loss report still says what was done to the request.
-            let (mut response, ending) = error_response(&e);
+            let format = verdict.as_ref().map(|v| v.resolution.format);
+            let (mut response, ending) = error_response(&e, format.unwrap_or_default());
             if let Some(v) = &verdict {
                 v.write_to(response.headers_mut());
             }
@@ -408,8 +429,8 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, _open: TunnelGuard) {
 }
 
 /// The proxy's own answer to `error`, and how it ends the request.
-fn error_response(error: &ProxyError) -> (Response<ProxyBody>, Ending) {
-    let (parts, body) = error.to_response().into_parts();
+fn error_response(error: &ProxyError, format: Format) -> (Response<ProxyBody>, Ending) {
+    let (parts, body) = error.to_response_in(format).into_parts();
     let ending = match error {
         // Nobody reads this answer: the client left mid-upload.
         ProxyError::ClientBody(_) => Ending::ClientGone,
@@ -424,7 +445,8 @@ fn refuse(
     resolution: Option<&Resolution>,
     mut record: Recorder,
 ) -> Response<ProxyBody> {
-    let (mut response, ending) = error_response(&error);
+    let format = resolution.map(|r| r.format).unwrap_or_default();
+    let (mut response, ending) = error_response(&error, format);
     if let Some(resolution) = resolution {
         let status = Status::Skipped(error.skip_reason());
         record.status = Some(status);

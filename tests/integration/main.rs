@@ -18,3 +18,4 @@ mod proxy_transparency;
 mod proxy_upgrade;
 mod relevance_retention;
 mod sdk_openai;
+mod stable_mode;

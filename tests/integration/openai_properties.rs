@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 
 use compaction_proxy::engine::{Kept, Policy, Report, Role};
-use compaction_proxy::openai::ChatBody;
+use compaction_proxy::format::chat::ChatBody;
 use compaction_proxy::policy::CompiledPolicy;
 use proptest::collection::vec;
 use proptest::prelude::*;

@@ -1,0 +1,225 @@
+//! The format-neutral compaction pipeline: from a parsed body's
+//! [`Conversation`] to a [`Plan`] of what survives, under a policy.
+//!
+//! Order, the same for every format:
+//! 1. **pins** ([`engine_messages`]): the policy's pin rules
+//!    (`pin_first_user`, `pin_patterns`) and the format's fixed items
+//!    become engine pins; roles are the engine's own (`keep_roles`).
+//! 2. **mode**: `exact` compacts the whole conversation with the engine;
+//!    `stable` replays it so each turn extends the previous one
+//!    ([`stable`]).
+//! 3. **format rules** ([`crate::format::Format::repair`]): what the API
+//!    requires of the survivors (a Messages conversation starts with a user
+//!    turn).
+//! 4. **loss** ([`loss_of`]): what the plan removed, for headers and metrics.
+//!
+//! Pure: no I/O and no async, like the engine it drives.
+
+pub mod stable;
+
+use crate::engine::{self, Kept, Message, Report};
+use crate::format::{Conversation, Format, Parsed, Plan, Planned};
+use crate::metrics::LossSummary;
+use crate::policy::CompiledPolicy;
+
+/// The engine's view of the items under `policy`'s pin rules.
+pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
+    let items = &conversation.items;
+    let first_user = items.iter().position(|m| m.role == engine::Role::User);
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let pin = m.fixed
+                || (policy.pin_first_user && first_user == Some(i))
+                || (!policy.pin_patterns.is_empty() && policy.pin_patterns.is_match(&m.text));
+            Message {
+                role: m.role,
+                content: m.text.clone(),
+                id: None,
+                pin,
+                fixed_chars: m.fixed_chars,
+                group: m.group,
+            }
+        })
+        .collect()
+}
+
+/// The engine's policy for the items alone: chars outside the compacted
+/// array (a system prompt, instructions) are spent before the items get any.
+pub fn item_policy(conversation: &Conversation, policy: &CompiledPolicy) -> engine::Policy {
+    let mut engine = policy.engine.clone();
+    engine.budget_chars = engine
+        .budget_chars
+        .saturating_sub(conversation.outside_chars);
+    engine
+}
+
+/// The plan a report describes: its survivors, trimmed ones with their text.
+pub fn plan_of(report: &Report) -> Plan {
+    Plan {
+        items: report
+            .messages
+            .iter()
+            .map(|m| Planned {
+                index: m.index,
+                text: (m.kept == Kept::Trimmed).then(|| m.content.clone()),
+                arguments: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+/// Whether a plan forwards anything other than every item as it came.
+pub fn changes(plan: &Plan, items: usize) -> bool {
+    plan.items.len() != items
+        || plan
+            .items
+            .iter()
+            .any(|p| p.text.is_some() || !p.arguments.is_empty())
+}
+
+/// Exact mode: the engine over the whole conversation. The plan is `None`
+/// when nothing changed.
+pub fn run_engine(conversation: &Conversation, policy: &CompiledPolicy) -> (Report, Option<Plan>) {
+    let messages = engine_messages(conversation, policy);
+    let report = engine::compact(&messages, &item_policy(conversation, policy));
+    let plan = plan_of(&report);
+    let changed = changes(&plan, conversation.items.len());
+    (report, changed.then_some(plan))
+}
+
+/// What compacting a parsed body gives: the plan to forward (`None` when
+/// the body goes as it came) and the loss it reports.
+#[derive(Debug, Clone)]
+pub struct Compacted {
+    pub plan: Option<Plan>,
+    pub loss: LossSummary,
+    /// Stable mode: leading forwarded items unchanged since the last
+    /// re-compaction, and whether this turn's new items caused one.
+    pub stable: Option<stable::StableInfo>,
+}
+
+/// Compacts a parsed body under `policy`, in the policy's mode.
+/// `checkpoints` lets stable mode resume from an earlier turn's replay.
+pub fn compact(
+    parsed: &Parsed,
+    policy: &CompiledPolicy,
+    checkpoints: &dyn stable::Checkpoints,
+) -> Compacted {
+    let conversation = &parsed.conversation;
+    let budget = policy.engine.budget_chars;
+    let total = conversation.total_chars();
+    let (plan, stable) = match policy.mode {
+        crate::config::Mode::Exact => {
+            if total <= budget {
+                (None, None)
+            } else {
+                (run_engine(conversation, policy).1, None)
+            }
+        }
+        crate::config::Mode::Stable if total <= budget => {
+            // Every prefix fits too: the replay would only have appended.
+            let prev = stable::previous_turn_end(conversation);
+            let info = stable::StableInfo {
+                stable_messages: prev,
+                rebased: false,
+                recompactions: 0,
+                resumed: false,
+            };
+            (None, Some(info))
+        }
+        crate::config::Mode::Stable => {
+            let replayed = stable::replay(parsed, policy, checkpoints);
+            let plan = changes(&replayed.plan, conversation.items.len()).then_some(replayed.plan);
+            (plan, Some(replayed.info))
+        }
+    };
+    let plan = plan.map(|mut plan| {
+        parsed.format.repair(conversation, &mut plan);
+        plan
+    });
+    let loss = match &plan {
+        Some(plan) => loss_of(conversation, plan, budget),
+        None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
+    };
+    Compacted { plan, loss, stable }
+}
+
+/// The loss a plan reports against the conversation it came from.
+pub fn loss_of(conversation: &Conversation, plan: &Plan, budget: usize) -> LossSummary {
+    let input_chars = conversation.total_chars();
+    let mut output_chars = conversation.outside_chars;
+    let mut trimmed = 0;
+    for p in &plan.items {
+        let item = &conversation.items[p.index];
+        let mut chars = item.chars();
+        if let Some(text) = &p.text {
+            chars = chars - engine::text::char_count(&item.text) + engine::text::char_count(text);
+            trimmed += 1;
+        }
+        output_chars += chars;
+    }
+    LossSummary {
+        input_chars,
+        output_chars,
+        input_messages: conversation.items.len(),
+        output_messages: plan.items.len(),
+        dropped_messages: conversation.items.len() - plan.items.len(),
+        trimmed_messages: trimmed,
+        retained_ratio: if input_chars == 0 {
+            1.0
+        } else {
+            engine::round_to(output_chars as f64 / input_chars as f64, 4)
+        },
+        budget_met: output_chars <= budget,
+    }
+}
+
+impl Format {
+    /// Applies what the API requires of the survivors. A Messages
+    /// conversation must open with a user turn: assistant items the engine
+    /// left at the front go too (with their tool groups; tool results are
+    /// user turns on the wire).
+    pub fn repair(self, conversation: &Conversation, plan: &mut Plan) {
+        if self != Format::Anthropic {
+            return;
+        }
+        let items = &conversation.items;
+        let lead = plan
+            .items
+            .iter()
+            .take_while(|p| items[p.index].role == engine::Role::Assistant)
+            .count();
+        if lead == 0 || lead == plan.items.len() {
+            return;
+        }
+        let groups: Vec<u32> = plan.items[..lead]
+            .iter()
+            .filter_map(|p| items[p.index].group)
+            .collect();
+        let mut n = 0;
+        plan.items.retain(|p| {
+            n += 1;
+            n > lead && !items[p.index].group.is_some_and(|g| groups.contains(&g))
+        });
+    }
+}
+
+impl Parsed<'_> {
+    /// The engine's view of the items under `policy`'s pin rules.
+    pub fn engine_messages(&self, policy: &CompiledPolicy) -> Vec<Message> {
+        engine_messages(&self.conversation, policy)
+    }
+
+    /// Runs the engine (exact mode) and, when anything changed, the body to
+    /// forward.
+    pub fn compact(&self, policy: &CompiledPolicy) -> (Report, Option<String>) {
+        let (report, plan) = run_engine(&self.conversation, policy);
+        let body = plan.map(|mut plan| {
+            self.format.repair(&self.conversation, &mut plan);
+            self.splice(&plan)
+        });
+        (report, body)
+    }
+}

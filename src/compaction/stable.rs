@@ -1,0 +1,357 @@
+//! Stable mode: compaction that keeps the forwarded prefix the same from
+//! one turn to the next, so the provider's prompt cache keeps serving it.
+//!
+//! The forwarded form is a pure function of the request and the policy: the
+//! conversation is **replayed** unit by unit (a unit is a tool group, or one
+//! item). Each unit is appended verbatim; when that pushes the running form
+//! over the budget, the form is re-compacted once, down to
+//! `stable_target_ratio` of the budget, keeping its head (the leading items
+//! within `stable_head_ratio` of the budget) exactly as it was. Every
+//! earlier turn's request is a prefix of this one, so its replay passed
+//! through the same states: what was forwarded then is a prefix of what is
+//! forwarded now, until the next re-compaction.
+//!
+//! Replaying from the start costs a few engine runs; [`Checkpoints`] lets a
+//! turn resume from the state at the end of an earlier request with the same
+//! prefix (keyed by a 128-bit hash of the policy, format and the prefix's
+//! bytes). The checkpoint store is only an accelerator: with it or without
+//! it, the result is the same.
+
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::engine::{self, text::char_count, text::char_prefix, Message};
+use crate::format::{Conversation, Parsed, Plan, Planned};
+use crate::policy::CompiledPolicy;
+
+/// One item of the running form: which item, and how many chars of its
+/// text are kept (a prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub index: u32,
+    pub kept: u32,
+}
+
+/// The running form after some prefix of the conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplayState {
+    pub entries: Vec<Entry>,
+    /// Items of the conversation replayed so far.
+    pub replayed: usize,
+    /// What the request that ended here reported (stable messages,
+    /// rebased), so a retry of it reports the same.
+    pub turn: Option<(usize, bool)>,
+}
+
+impl ReplayState {
+    /// Approximate bytes held, for the checkpoint store's weigher.
+    pub fn weight(&self) -> u32 {
+        u32::try_from(64 + self.entries.len() * std::mem::size_of::<Entry>()).unwrap_or(u32::MAX)
+    }
+}
+
+/// Where replay states of earlier turns are kept between requests.
+pub trait Checkpoints {
+    fn get(&self, key: u128) -> Option<Arc<ReplayState>>;
+    fn put(&self, key: u128, state: Arc<ReplayState>);
+}
+
+/// No store: every turn replays from the start.
+pub struct NoCheckpoints;
+
+impl Checkpoints for NoCheckpoints {
+    fn get(&self, _: u128) -> Option<Arc<ReplayState>> {
+        None
+    }
+    fn put(&self, _: u128, _: Arc<ReplayState>) {}
+}
+
+/// What stable mode reports besides the loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StableInfo {
+    /// Leading forwarded items that the previous turn forwarded too.
+    pub stable_messages: usize,
+    /// This turn's new items (after the last assistant item) caused a
+    /// re-compaction.
+    pub rebased: bool,
+    /// Re-compactions this request's replay ran (0 when resumed warm and
+    /// only appended).
+    pub recompactions: usize,
+    /// Whether replay resumed from a checkpoint.
+    pub resumed: bool,
+}
+
+/// The outcome of a replay.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    pub plan: Plan,
+    pub info: StableInfo,
+}
+
+/// Replays `parsed`'s conversation under `policy` (stable mode).
+pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkpoints) -> Replayed {
+    let conversation = &parsed.conversation;
+    let units = unit_ends(conversation);
+    let prev_turn = previous_turn_end(conversation);
+
+    // Prefix hashes at every unit end.
+    let mut hasher = Xxh3::new();
+    hasher.update(&policy.id.to_le_bytes());
+    hasher.update(parsed.format.as_str().as_bytes());
+    let mut keys = Vec::with_capacity(units.len());
+    let mut start = 0;
+    for &end in &units {
+        for i in start..end {
+            let raw = parsed.item_bytes(i);
+            hasher.update(&(raw.len() as u64).to_le_bytes());
+            hasher.update(raw);
+        }
+        keys.push(hasher.digest128());
+        start = end;
+    }
+
+    let replay = Replay::new(conversation, policy);
+    // Resume from the latest unit end an earlier request stopped at.
+    let mut state = ReplayState::default();
+    let mut resumed = false;
+    for (u, key) in keys.iter().enumerate().rev() {
+        if let Some(found) = checkpoints.get(*key) {
+            if replay.valid(&found, units[u]) {
+                state = (*found).clone();
+                resumed = true;
+                break;
+            }
+        }
+    }
+
+    let mut at_prev_turn: Option<Vec<Entry>> =
+        (state.replayed == prev_turn).then(|| state.entries.clone());
+    let mut recompactions = 0;
+    let mut rebased = false;
+    let mut total = replay.total(&state.entries);
+    let resume_at = state.replayed;
+    for &end in units.iter().filter(|&&e| e > resume_at) {
+        if state.replayed == prev_turn && at_prev_turn.is_none() {
+            at_prev_turn = Some(state.entries.clone());
+        }
+        for i in state.replayed..end {
+            let kept = char_count(&conversation.items[i].text) as u32;
+            state.entries.push(Entry {
+                index: i as u32,
+                kept,
+            });
+            total += conversation.items[i].chars();
+        }
+        state.replayed = end;
+        if total > replay.budget {
+            state.entries = replay.recompact(&state.entries);
+            total = replay.total(&state.entries);
+            recompactions += 1;
+            if end > prev_turn {
+                rebased = true;
+            }
+        }
+    }
+    if at_prev_turn.is_none() && state.replayed == prev_turn {
+        at_prev_turn = Some(state.entries.clone());
+    }
+    let (stable_messages, rebased) = match (&at_prev_turn, state.turn) {
+        (Some(before), _) => (
+            before
+                .iter()
+                .zip(&state.entries)
+                .take_while(|(a, b)| a == b)
+                .count(),
+            rebased,
+        ),
+        // Resumed past the previous turn (a retry): what that replay said.
+        (None, Some(turn)) if resumed && recompactions == 0 => turn,
+        (None, _) => (0, rebased),
+    };
+    state.turn = Some((stable_messages, rebased));
+    if let Some(key) = keys.last() {
+        checkpoints.put(*key, Arc::new(state.clone()));
+    }
+    let plan = Plan {
+        items: state
+            .entries
+            .iter()
+            .map(|e| {
+                let item = &conversation.items[e.index as usize];
+                let full = char_count(&item.text) as u32;
+                Planned {
+                    index: e.index as usize,
+                    text: (e.kept < full)
+                        .then(|| char_prefix(&item.text, e.kept as usize).to_owned()),
+                    arguments: Vec::new(),
+                }
+            })
+            .collect(),
+    };
+    Replayed {
+        plan,
+        info: StableInfo {
+            stable_messages,
+            rebased,
+            recompactions,
+            resumed,
+        },
+    }
+}
+
+/// The end (exclusive) of each replay unit: the shortest run of items that
+/// holds every member of each tool group it touches, or a single item.
+fn unit_ends(conversation: &Conversation) -> Vec<usize> {
+    let items = &conversation.items;
+    let mut last_of: std::collections::HashMap<u32, usize> = Default::default();
+    for (i, item) in items.iter().enumerate() {
+        if let Some(g) = item.group {
+            last_of.insert(g, i);
+        }
+    }
+    let mut ends = Vec::with_capacity(items.len());
+    let mut i = 0;
+    while i < items.len() {
+        let mut end = i + 1;
+        let mut k = i;
+        while k < end {
+            if let Some(g) = items[k].group {
+                end = end.max(last_of[&g] + 1);
+            }
+            k += 1;
+        }
+        ends.push(end);
+        i = end;
+    }
+    ends
+}
+
+/// Where the previous turn's request ended: before the last assistant
+/// item's unit (what came after it is this turn's).
+pub(crate) fn previous_turn_end(conversation: &Conversation) -> usize {
+    let items = &conversation.items;
+    let Some(last) = items
+        .iter()
+        .rposition(|m| m.role == engine::Role::Assistant)
+    else {
+        return 0;
+    };
+    // The start of the assistant's unit (a reasoning item may open it).
+    let mut start = last;
+    if let Some(g) = items[last].group {
+        while start > 0 && items[start - 1].group == Some(g) {
+            start -= 1;
+        }
+    }
+    start
+}
+
+/// The fixed parts of one replay.
+struct Replay<'a> {
+    conversation: &'a Conversation,
+    policy: &'a CompiledPolicy,
+    /// Pins of each item under the policy's rules.
+    pins: Vec<bool>,
+    /// The budget of the items (outside chars already spent).
+    budget: usize,
+    target: usize,
+    head: usize,
+}
+
+impl<'a> Replay<'a> {
+    fn new(conversation: &'a Conversation, policy: &'a CompiledPolicy) -> Self {
+        let pins = super::engine_messages(conversation, policy)
+            .into_iter()
+            .map(|m| m.pin)
+            .collect();
+        let budget = super::item_policy(conversation, policy).budget_chars;
+        Replay {
+            conversation,
+            policy,
+            pins,
+            budget,
+            target: (budget as f64 * policy.stable_target_ratio) as usize,
+            head: (budget as f64 * policy.stable_head_ratio) as usize,
+        }
+    }
+
+    fn chars(&self, e: &Entry) -> usize {
+        e.kept as usize + self.conversation.items[e.index as usize].fixed_chars
+    }
+
+    fn total(&self, entries: &[Entry]) -> usize {
+        entries.iter().map(|e| self.chars(e)).sum()
+    }
+
+    /// A checkpoint fits this conversation (a hash collision must not panic).
+    fn valid(&self, state: &ReplayState, end: usize) -> bool {
+        state.replayed == end
+            && state.entries.iter().all(|e| {
+                (e.index as usize) < end
+                    && e.kept as usize
+                        <= char_count(&self.conversation.items[e.index as usize].text)
+            })
+    }
+
+    /// The form compacted to the target, its head kept as it is. If the head
+    /// must go for the form to fit the budget, it goes.
+    fn recompact(&self, entries: &[Entry]) -> Vec<Entry> {
+        let mut head_len = 0;
+        let mut head_chars = 0;
+        for e in entries {
+            head_chars += self.chars(e);
+            if head_chars > self.head {
+                break;
+            }
+            head_len += 1;
+        }
+        // A head never splits a tool group.
+        while head_len > 0 && head_len < entries.len() {
+            let g = self.conversation.items[entries[head_len].index as usize].group;
+            if g.is_some()
+                && g == self.conversation.items[entries[head_len - 1].index as usize].group
+            {
+                head_len -= 1;
+            } else {
+                break;
+            }
+        }
+        let kept = self.compact(entries, head_len);
+        if self.total(&kept) <= self.budget || head_len == 0 {
+            return kept;
+        }
+        self.compact(entries, 0)
+    }
+
+    fn compact(&self, entries: &[Entry], head_len: usize) -> Vec<Entry> {
+        let messages: Vec<Message> = entries
+            .iter()
+            .enumerate()
+            .map(|(k, e)| {
+                let item = &self.conversation.items[e.index as usize];
+                Message {
+                    role: item.role,
+                    content: char_prefix(&item.text, e.kept as usize).to_owned(),
+                    id: None,
+                    pin: k < head_len || self.pins[e.index as usize],
+                    fixed_chars: item.fixed_chars,
+                    group: item.group,
+                }
+            })
+            .collect();
+        let mut policy = self.policy.engine.clone();
+        policy.budget_chars = self.target;
+        let report = engine::compact(&messages, &policy);
+        report
+            .messages
+            .iter()
+            .map(|m| Entry {
+                index: entries[m.index].index,
+                kept: (m.chars
+                    - self.conversation.items[entries[m.index].index as usize].fixed_chars)
+                    as u32,
+            })
+            .collect()
+    }
+}

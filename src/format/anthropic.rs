@@ -1,0 +1,460 @@
+//! Anthropic Messages (`POST /v1/messages`): `messages` is compacted; every
+//! other field keeps its bytes.
+//!
+//! Mapping to the neutral model:
+//! - top-level `system` (a string or text blocks) counts toward the budget
+//!   as chars outside the array and is never cut;
+//! - `text` blocks are the item's text and can be trimmed (an emptied block
+//!   is removed); `image`, `document` and other media blocks count zero;
+//! - `tool_use` blocks are tool calls: name and `input` count as fixed chars;
+//! - `tool_result` blocks are the text of the user message that carries
+//!   them (their string content, or their text blocks); a user message made
+//!   only of tool results is a `tool` item;
+//! - an assistant message with `tool_use` and the user message(s) answering
+//!   it form one group, even when several results share one message;
+//! - `thinking` and `redacted_thinking` count as fixed chars and are kept
+//!   byte for byte with their signatures, inside their assistant turn;
+//! - `cache_control` markers are breakpoints: a marker on a block that goes
+//!   moves to the nearest kept block before it (or, with none before, the
+//!   first kept after), and never onto a block that has one.
+//!
+//! Any other block type is refused (`unsupported-message`).
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::splice::{elements, span, ArgumentsForm, ElementRef, Marker, TextSpan, WireItem};
+use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
+use crate::engine::text::char_count;
+use crate::engine::Role;
+
+const MEDIA_BLOCKS: [&str; 2] = ["image", "document"];
+
+#[derive(Deserialize)]
+struct TopFields<'a> {
+    #[serde(borrow)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct MessageFields<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow)]
+    content: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct BlockFields<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_use_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    data: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_control: Option<&'a RawValue>,
+}
+
+fn string_at<'a>(
+    body: &'a str,
+    raw: &'a RawValue,
+) -> Option<(std::ops::Range<usize>, Cow<'a, str>)> {
+    let text = raw.get();
+    if !text.starts_with('"') {
+        return None;
+    }
+    Some((span(body, text), serde_json::from_str(text).ok()?))
+}
+
+pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
+    let top: TopFields = top_level(body)?;
+    let raw_messages = top.messages.ok_or(Skip::NoMessages)?;
+    let items = elements(raw_messages.get()).ok_or(Skip::NoMessages)?;
+    if items.len() > max_items {
+        return Err(Skip::TooManyMessages(items.len(), max_items));
+    }
+    let mut conversation = Conversation {
+        outside_chars: match top.system {
+            None => 0,
+            Some(system) => system_chars(system).ok_or(Skip::NoMessages)?,
+        },
+        ..Conversation::default()
+    };
+
+    let mut wire = Vec::with_capacity(items.len());
+    // tool_use id -> group of the assistant message that made the call
+    let mut open_calls: Vec<(String, u32)> = Vec::new();
+    for (i, raw) in items.into_iter().enumerate() {
+        let raw = raw.get();
+        if !raw.starts_with('{') {
+            return Err(Skip::UnsupportedMessage(i, "not an object"));
+        }
+        let fields: MessageFields = serde_json::from_str(raw)
+            .map_err(|_| Skip::UnsupportedMessage(i, "not an object with role and content"))?;
+        let assistant = match fields.role.as_ref() {
+            "user" => false,
+            "assistant" => true,
+            _ => return Err(Skip::UnsupportedMessage(i, "unknown role")),
+        };
+        let mut item = Item::new(
+            if assistant {
+                Role::Assistant
+            } else {
+                Role::User
+            },
+            "",
+        );
+        let mut w = WireItem {
+            span: span(body, raw),
+            ..WireItem::default()
+        };
+        let mut results = 0;
+        let mut others = 0;
+        let content = fields.content.get();
+        match content.as_bytes().first() {
+            Some(b'"') => {
+                let (s, text) = string_at(body, fields.content)
+                    .ok_or(Skip::UnsupportedMessage(i, "bad string"))?;
+                w.texts.push(TextSpan {
+                    span: s,
+                    text,
+                    element: None,
+                });
+                others += 1;
+            }
+            Some(b'[') => {
+                let blocks = elements(content).ok_or(Skip::UnsupportedMessage(
+                    i,
+                    "content is not a string or array",
+                ))?;
+                let array = 0;
+                w.arrays.push(Vec::with_capacity(blocks.len()));
+                for (index, block) in blocks.into_iter().enumerate() {
+                    let element = ElementRef { array, index };
+                    let raw = block.get();
+                    w.arrays[array].push(span(body, raw));
+                    if !raw.starts_with('{') {
+                        return Err(Skip::UnsupportedMessage(
+                            i,
+                            "a content block is not an object",
+                        ));
+                    }
+                    let b: BlockFields = serde_json::from_str(raw).map_err(|_| {
+                        Skip::UnsupportedMessage(i, "a content block has no string type")
+                    })?;
+                    if let Some(marker) = b.cache_control {
+                        w.markers.push(Marker {
+                            value: marker.get(),
+                            element,
+                        });
+                    }
+                    match b.kind.as_ref() {
+                        "text" => {
+                            let (s, text) = b
+                                .text
+                                .and_then(|t| string_at(body, t))
+                                .ok_or(Skip::UnsupportedMessage(i, "a text block without text"))?;
+                            w.texts.push(TextSpan {
+                                span: s,
+                                text,
+                                element: Some(element),
+                            });
+                            others += 1;
+                        }
+                        "tool_use" => {
+                            let input = b.input.map_or("{}", RawValue::get);
+                            if let Some(raw_input) = b.input {
+                                w.arguments
+                                    .push((span(body, raw_input.get()), ArgumentsForm::Inline));
+                            }
+                            let name = b.name.as_deref().unwrap_or_default();
+                            item.fixed_chars += char_count(name) + char_count(input);
+                            let id = b.id.as_deref().unwrap_or_default().to_owned();
+                            item.tool_calls.push(ToolCall {
+                                id: id.clone(),
+                                name: name.to_owned(),
+                                arguments: input.to_owned(),
+                            });
+                            if item.group.is_none() {
+                                open_calls.clear();
+                            }
+                            item.group = Some(i as u32);
+                            open_calls.push((id, i as u32));
+                            others += 1;
+                        }
+                        "tool_result" => {
+                            results += 1;
+                            let id = b.tool_use_id.as_deref().unwrap_or_default();
+                            if let Some(&(_, g)) = open_calls.iter().find(|(c, _)| c == id) {
+                                item.group = Some(g);
+                            }
+                            if item.answers.is_none() {
+                                item.answers = Some(id.to_owned());
+                            }
+                            if let Some(c) = b.content {
+                                read_result_content(body, c, &mut w)
+                                    .map_err(|why| Skip::UnsupportedMessage(i, why))?;
+                            }
+                        }
+                        "thinking" => {
+                            item.fixed_chars += b.thinking.as_deref().map_or(0, char_count);
+                            others += 1;
+                        }
+                        "redacted_thinking" => {
+                            item.fixed_chars += b.data.as_deref().map_or(0, char_count);
+                            others += 1;
+                        }
+                        kind if MEDIA_BLOCKS.contains(&kind) => others += 1,
+                        _ => return Err(Skip::UnsupportedMessage(i, "unknown content block type")),
+                    }
+                }
+            }
+            _ => {
+                return Err(Skip::UnsupportedMessage(
+                    i,
+                    "content is not a string or array",
+                ))
+            }
+        }
+        if !assistant && results > 0 && others == 0 {
+            item.role = Role::Tool;
+        }
+        item.text = w.text();
+        conversation.items.push(item);
+        wire.push(w);
+    }
+    Ok(Parsed {
+        format: Format::Anthropic,
+        conversation,
+        body,
+        array_span: span(body, raw_messages.get()),
+        wire,
+    })
+}
+
+/// A tool result's content: a string, or blocks whose text counts.
+fn read_result_content<'a>(
+    body: &'a str,
+    content: &'a RawValue,
+    w: &mut WireItem<'a>,
+) -> Result<(), &'static str> {
+    let raw = content.get();
+    match raw.as_bytes().first() {
+        Some(b'"') => {
+            let (s, text) = string_at(body, content).ok_or("bad string")?;
+            w.texts.push(TextSpan {
+                span: s,
+                text,
+                element: None,
+            });
+            Ok(())
+        }
+        Some(b'[') => {
+            let blocks = elements(raw).ok_or("tool_result content is not a string or array")?;
+            let array = w.arrays.len();
+            w.arrays.push(Vec::with_capacity(blocks.len()));
+            for (index, block) in blocks.into_iter().enumerate() {
+                let element = ElementRef { array, index };
+                let raw = block.get();
+                w.arrays[array].push(span(body, raw));
+                if !raw.starts_with('{') {
+                    return Err("a tool_result block is not an object");
+                }
+                let b: BlockFields =
+                    serde_json::from_str(raw).map_err(|_| "a tool_result block has no type")?;
+                if let Some(marker) = b.cache_control {
+                    w.markers.push(Marker {
+                        value: marker.get(),
+                        element,
+                    });
+                }
+                match b.kind.as_ref() {
+                    "text" => {
+                        let (s, text) = b
+                            .text
+                            .and_then(|t| string_at(body, t))
+                            .ok_or("a text block without text")?;
+                        w.texts.push(TextSpan {
+                            span: s,
+                            text,
+                            element: Some(element),
+                        });
+                    }
+                    kind if MEDIA_BLOCKS.contains(&kind) => {}
+                    _ => return Err("unknown tool_result block type"),
+                }
+            }
+            Ok(())
+        }
+        Some(b'n') => Ok(()),
+        _ => Err("tool_result content is not a string or array"),
+    }
+}
+
+/// The chars of `system`: a string or text blocks.
+fn system_chars(system: &RawValue) -> Option<usize> {
+    #[derive(Deserialize)]
+    struct SystemBlock<'a> {
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+    }
+    let raw = system.get();
+    match raw.as_bytes().first()? {
+        b'"' => Some(char_count(&serde_json::from_str::<Cow<str>>(raw).ok()?)),
+        b'[' => {
+            let blocks: Vec<SystemBlock> = serde_json::from_str(raw).ok()?;
+            Some(
+                blocks
+                    .iter()
+                    .map(|b| b.text.as_deref().map_or(0, char_count))
+                    .sum(),
+            )
+        }
+        b'n' => Some(0),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::{self, stable::NoCheckpoints};
+    use crate::engine::Policy;
+    use crate::policy::CompiledPolicy;
+    use serde_json::{json, Value};
+
+    fn compact(body: &Value, budget: usize, keep_last_n: usize) -> Option<Value> {
+        let bytes = serde_json::to_vec(body).unwrap();
+        let parsed = Format::Anthropic.parse(&bytes, usize::MAX).unwrap();
+        let mut p = Policy::with_budget(budget);
+        p.keep_last_n = keep_last_n;
+        p.max_message_chars = 4000;
+        let mut policy = CompiledPolicy::plain("t", p);
+        policy.pin_first_user = true;
+        let out = compaction::compact(&parsed, &policy, &NoCheckpoints);
+        out.plan
+            .map(|plan| serde_json::from_str(&parsed.splice(&plan)).expect("JSON"))
+    }
+
+    fn long(word: &str) -> String {
+        format!("{word} ").repeat(40)
+    }
+
+    #[test]
+    fn system_counts_and_tool_use_groups_with_its_results() {
+        let body = json!({
+            "model": "claude", "max_tokens": 100,
+            "system": [{"type": "text", "text": "be brief"}],
+            "messages": [
+                {"role": "user", "content": long("task")},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                    {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}},
+                    {"type": "tool_use", "id": "t2", "name": "read", "input": {"path": "b"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": long("alpha")},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": long("beta")}]}]},
+                {"role": "assistant", "content": "done"},
+                {"role": "user", "content": "next?"}
+            ]
+        });
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let parsed = Format::Anthropic.parse(&bytes, usize::MAX).unwrap();
+        let items = &parsed.conversation.items;
+        assert_eq!(parsed.conversation.outside_chars, 8);
+        assert_eq!(items[1].group, items[2].group);
+        assert!(items[1].group.is_some());
+        assert_eq!(items[2].role, Role::Tool);
+        assert_eq!(items[1].tool_calls.len(), 2);
+        assert_eq!(items[1].fixed_chars, 3 + 4 + 12 + 4 + 12);
+
+        let out = compact(&body, 300, 2).expect("compacted");
+        let roles: Vec<&str> = out["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(out["messages"][0]["role"], "user", "{roles:?}");
+        for (k, m) in out["messages"].as_array().unwrap().iter().enumerate() {
+            if let Some(blocks) = m["content"].as_array() {
+                for b in blocks.iter().filter(|b| b["type"] == "tool_result") {
+                    let prev = &out["messages"][k - 1]["content"];
+                    assert!(prev
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|u| u["type"] == "tool_use" && u["id"] == b["tool_use_id"]));
+                }
+            }
+        }
+        assert_eq!(out["system"], body["system"]);
+    }
+
+    #[test]
+    fn a_dropped_blocks_cache_control_moves_to_the_block_before() {
+        let marker = json!({"type": "ephemeral"});
+        let body = json!({
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "first, pinned by the tail"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": long("old"), "cache_control": marker}]},
+                {"role": "user", "content": [{"type": "text", "text": long("older"), "cache_control": marker}]},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": [{"type": "text", "text": "last", "cache_control": marker}]}
+            ]
+        });
+        let out = compact(&body, 60, 2).expect("compacted");
+        let count = |v: &Value| v.to_string().matches("cache_control").count();
+        assert!(count(&out) <= count(&body));
+        assert_eq!(out["messages"][0]["content"][0]["cache_control"], marker);
+        assert_eq!(
+            out["messages"].as_array().unwrap().last().unwrap()["content"][0]["cache_control"],
+            marker
+        );
+    }
+
+    #[test]
+    fn unknown_blocks_skip_the_body() {
+        let body =
+            br#"{"messages":[{"role":"user","content":[{"type":"server_tool_use","id":"x"}]}]}"#;
+        assert_eq!(
+            Format::Anthropic.parse(body, 10).unwrap_err().reason(),
+            "unsupported-message"
+        );
+        let body = br#"{"messages":[{"role":"system","content":"x"}]}"#;
+        assert_eq!(
+            Format::Anthropic.parse(body, 10).unwrap_err().reason(),
+            "unsupported-message"
+        );
+    }
+
+    #[test]
+    fn a_conversation_left_opening_with_an_assistant_turn_loses_it() {
+        let body = json!({"messages": [
+            {"role": "user", "content": long("one")},
+            {"role": "assistant", "content": "short answer"},
+            {"role": "user", "content": long("two")},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}
+        ]});
+        let out = compact(&body, 60, 2).expect("compacted");
+        assert_eq!(out["messages"][0]["role"], "user");
+    }
+}

@@ -1,0 +1,254 @@
+//! Body formats: how each API's request body maps to the engine's neutral
+//! message model and back.
+//!
+//! Every format does the same three things, which is the whole interface:
+//! 1. **parse** the body into a [`Parsed`]: the neutral [`Conversation`]
+//!    (roles, text, fixed chars, tool groups, tool calls and results) plus
+//!    where each item sits in the original bytes;
+//! 2. **count**: [`Conversation::total_chars`];
+//! 3. **splice** a [`Plan`] (which items survive, with what text) back into
+//!    the original bytes ([`Parsed::splice`], shared by all formats in
+//!    [`splice`]); fields outside the compacted array keep their bytes.
+//!
+//! The formats sit side by side: [`chat`] (OpenAI chat completions),
+//! [`anthropic`] (Anthropic Messages) and [`responses`] (OpenAI Responses).
+//! Pin rules are not a format's business: the pipeline applies them to the
+//! neutral model ([`crate::compaction`]). A format refuses any part it does
+//! not know ([`Skip::UnsupportedMessage`]) rather than guess its size.
+
+pub mod anthropic;
+pub mod chat;
+pub mod responses;
+pub(crate) mod splice;
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Role;
+use splice::WireItem;
+
+/// The API format of a route's bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// OpenAI chat completions: `messages`.
+    #[default]
+    Chat,
+    /// Anthropic Messages: `system` and `messages` of content blocks.
+    Anthropic,
+    /// OpenAI Responses: `instructions` and an `input` item list.
+    Responses,
+}
+
+impl Format {
+    pub const ALL: [Format; 3] = [Format::Chat, Format::Anthropic, Format::Responses];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Chat => "chat",
+            Format::Anthropic => "anthropic",
+            Format::Responses => "responses",
+        }
+    }
+
+    /// The format a route path implies when its route names none.
+    pub fn for_path(path: &str) -> Format {
+        let path = path.trim_end_matches('*').trim_end_matches('/');
+        if path.ends_with("/messages") {
+            Format::Anthropic
+        } else if path.ends_with("/responses") {
+            Format::Responses
+        } else {
+            Format::Chat
+        }
+    }
+
+    /// Parses a body of at most `max_items` items of the compacted array.
+    pub fn parse(self, body: &[u8], max_items: usize) -> Result<Parsed<'_>, Skip> {
+        let body = std::str::from_utf8(body).map_err(|_| Skip::InvalidJson)?;
+        match self {
+            Format::Chat => chat::parse(body, max_items),
+            Format::Anthropic => anthropic::parse(body, max_items),
+            Format::Responses => responses::parse(body, max_items),
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Format::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| format!("unknown format {s:?}: expected chat, anthropic or responses"))
+    }
+}
+
+/// Why a body is forwarded without compaction.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Skip {
+    #[error("the body is not valid JSON")]
+    InvalidJson,
+    #[error("the body has no array of messages to compact")]
+    NoMessages,
+    #[error("message {0} has a form the proxy does not compact: {1}")]
+    UnsupportedMessage(usize, &'static str),
+    #[error("the body has {0} messages, more than the {1} the proxy compacts")]
+    TooManyMessages(usize, usize),
+    #[error("the conversation is held by the server (previous_response_id)")]
+    ServerState,
+}
+
+impl Skip {
+    /// The reason as it appears after `skipped; ` in `x-compaction-status`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Skip::InvalidJson => "invalid-json",
+            Skip::NoMessages => "no-messages",
+            Skip::UnsupportedMessage(..) => "unsupported-message",
+            Skip::TooManyMessages(..) => "too-many-messages",
+            Skip::ServerState => "server-state",
+        }
+    }
+}
+
+/// The neutral model of a request's conversation.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Conversation {
+    pub items: Vec<Item>,
+    /// Chars outside the compacted array that count toward the budget but
+    /// are never cut (Anthropic `system`, Responses `instructions`).
+    pub outside_chars: usize,
+}
+
+impl Conversation {
+    /// Chars of everything that counts toward the budget.
+    pub fn total_chars(&self) -> usize {
+        self.outside_chars + self.items.iter().map(Item::chars).sum::<usize>()
+    }
+}
+
+/// One item of the compacted array.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    pub role: Role,
+    /// The trimmable text: the item's text pieces joined.
+    pub text: String,
+    /// Chars that count but are never cut (tool calls, thinking).
+    pub fixed_chars: usize,
+    /// Items sharing a group are kept or dropped together.
+    pub group: Option<u32>,
+    /// The format cannot drop or cut it (an item it only carries).
+    pub fixed: bool,
+    /// Tool calls this item makes, in order.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call this item answers, when it is a tool result.
+    pub answers: Option<String>,
+}
+
+impl Item {
+    pub fn new(role: Role, text: impl Into<String>) -> Self {
+        Item {
+            role,
+            text: text.into(),
+            fixed_chars: 0,
+            group: None,
+            fixed: false,
+            tool_calls: Vec::new(),
+            answers: None,
+        }
+    }
+
+    pub fn chars(&self) -> usize {
+        crate::engine::text::char_count(&self.text) + self.fixed_chars
+    }
+}
+
+/// A tool call as the neutral model sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+/// What to forward: the surviving items, in order.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Plan {
+    pub items: Vec<Planned>,
+}
+
+/// One surviving item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub index: usize,
+    /// The item's new text, or `None` to keep it as it came. A prefix of the
+    /// original is cut where it falls; other text replaces the first piece.
+    pub text: Option<String>,
+    /// New arguments (JSON text) by tool-call position within the item.
+    pub arguments: Vec<(usize, String)>,
+}
+
+impl Planned {
+    pub fn verbatim(index: usize) -> Self {
+        Planned {
+            index,
+            text: None,
+            arguments: Vec::new(),
+        }
+    }
+}
+
+/// A parsed body: the neutral conversation and where its items sit.
+#[derive(Debug)]
+pub struct Parsed<'a> {
+    pub format: Format,
+    pub conversation: Conversation,
+    body: &'a str,
+    /// The compacted array's bytes in the body.
+    array_span: Range<usize>,
+    wire: Vec<WireItem<'a>>,
+}
+
+impl Parsed<'_> {
+    pub fn len(&self) -> usize {
+        self.conversation.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.conversation.items.is_empty()
+    }
+
+    pub fn total_chars(&self) -> usize {
+        self.conversation.total_chars()
+    }
+
+    /// The bytes of item `i` as it came.
+    pub fn item_bytes(&self, i: usize) -> &[u8] {
+        self.body[self.wire[i].span.clone()].as_bytes()
+    }
+}
+
+/// Reads a body's top level: it must be a JSON object.
+fn top_level<'a, T: Deserialize<'a>>(body: &'a str) -> Result<T, Skip> {
+    // serde's derived structs also read arrays by position: only an object
+    // is a body.
+    if !body.trim_start().starts_with('{') {
+        return match serde_json::from_str::<serde::de::IgnoredAny>(body) {
+            Ok(_) => Err(Skip::NoMessages),
+            Err(_) => Err(Skip::InvalidJson),
+        };
+    }
+    serde_json::from_str(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => Skip::NoMessages,
+        _ => Skip::InvalidJson,
+    })
+}

@@ -1,0 +1,375 @@
+//! The spans-and-splice machinery every body format shares: a parsed body
+//! remembers where each item, each text string and each content element sits
+//! in the original bytes, and the forwarded body is the original with edits
+//! applied at those spans. Nothing outside an edit is re-encoded.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde_json::value::RawValue;
+
+use super::{Parsed, Plan};
+use crate::engine::text::{char_count, char_prefix};
+
+/// Byte range of `inner` within `outer`; `inner` must borrow from `outer`.
+pub(crate) fn span(outer: &str, inner: &str) -> Range<usize> {
+    let start = inner.as_ptr() as usize - outer.as_ptr() as usize;
+    debug_assert!(start + inner.len() <= outer.len());
+    start..start + inner.len()
+}
+
+/// The elements of a JSON array, as raw spans borrowed from it.
+pub(crate) fn elements(array: &str) -> Option<Vec<&RawValue>> {
+    serde_json::from_str(array).ok()
+}
+
+/// A JSON string literal of `text`.
+pub(crate) fn json_string(text: &str) -> String {
+    serde_json::to_string(text).expect("strings always encode")
+}
+
+/// One piece of an item's trimmable text: a JSON string in the body.
+#[derive(Debug)]
+pub(crate) struct TextSpan<'a> {
+    /// The JSON string literal's bytes in the body.
+    pub span: Range<usize>,
+    pub text: Cow<'a, str>,
+    /// The content element holding this text, removed when the text empties
+    /// (unless its array would be left empty).
+    pub element: Option<ElementRef>,
+}
+
+/// An element of one of an item's content arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ElementRef {
+    /// Index into [`WireItem::arrays`].
+    pub array: usize,
+    pub index: usize,
+}
+
+/// Where a `cache_control`-like marker sits, so it survives its block.
+#[derive(Debug)]
+pub(crate) struct Marker<'a> {
+    /// The marker's raw value (`{"type":"ephemeral"}`).
+    pub value: &'a str,
+    /// The element carrying it.
+    pub element: ElementRef,
+}
+
+/// One item of the compacted array as it sits in the body.
+#[derive(Debug, Default)]
+pub(crate) struct WireItem<'a> {
+    /// The item's bytes in the body.
+    pub span: Range<usize>,
+    pub texts: Vec<TextSpan<'a>>,
+    /// Element spans of the item's content arrays, in body offsets.
+    pub arrays: Vec<Vec<Range<usize>>>,
+    /// Breakpoint markers on the item's elements.
+    pub markers: Vec<Marker<'a>>,
+    /// Tool-call argument strings, in the order of the item's tool calls:
+    /// the JSON string's span and whether it is a JSON string holding JSON
+    /// (chat, responses) or the JSON object itself (anthropic).
+    pub arguments: Vec<(Range<usize>, ArgumentsForm)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ArgumentsForm {
+    /// A JSON string whose content is JSON text.
+    Encoded,
+    /// The JSON value itself.
+    Inline,
+}
+
+/// Edits to one base string, applied in order of position.
+#[derive(Default)]
+struct Edits {
+    /// Non-overlapping (range, replacement).
+    list: Vec<(Range<usize>, String)>,
+}
+
+impl Edits {
+    fn replace(&mut self, range: Range<usize>, with: String) {
+        self.list.push((range, with));
+    }
+
+    fn apply(mut self, base: &str, range: Range<usize>, out: &mut String) {
+        self.list.sort_by_key(|(r, _)| (r.start, r.end));
+        let mut at = range.start;
+        for (r, with) in self.list {
+            if r.start < at {
+                continue; // inside an element already removed
+            }
+            out.push_str(&base[at..r.start]);
+            out.push_str(&with);
+            at = r.end;
+        }
+        out.push_str(&base[at..range.end]);
+    }
+}
+
+/// The ranges that remove `removed` elements from an array whose element
+/// spans are `spans`, commas included, so the array stays valid JSON.
+fn removal_ranges(spans: &[Range<usize>], removed: &[bool]) -> Vec<Range<usize>> {
+    let n = spans.len();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < n {
+        if !removed[i] {
+            i += 1;
+            continue;
+        }
+        let a = i;
+        while i + 1 < n && removed[i + 1] {
+            i += 1;
+        }
+        let b = i;
+        if a > 0 {
+            out.push(spans[a - 1].end..spans[b].end);
+        } else if b + 1 < n {
+            out.push(spans[a].start..spans[b + 1].start);
+        } else {
+            out.push(spans[a].start..spans[b].end);
+        }
+        i += 1;
+    }
+    out
+}
+
+impl WireItem<'_> {
+    /// The item's text as the engine sees it: its text pieces joined.
+    pub fn text(&self) -> String {
+        self.texts.iter().map(|t| t.text.as_ref()).collect()
+    }
+
+    /// The new text of each piece when the item's text becomes `new`: a
+    /// prefix of the original is cut where it falls; any other text goes
+    /// whole into the first piece and empties the rest.
+    fn distribute(&self, new: &str) -> Vec<Option<String>> {
+        let original = self.text();
+        let mut out = Vec::with_capacity(self.texts.len());
+        if original.starts_with(new) {
+            let mut left = char_count(new);
+            for t in &self.texts {
+                let chars = char_count(&t.text);
+                if left >= chars {
+                    left -= chars;
+                    out.push(None);
+                } else {
+                    out.push(Some(char_prefix(&t.text, left).to_owned()));
+                    left = 0;
+                }
+            }
+        } else {
+            for (i, _) in self.texts.iter().enumerate() {
+                out.push(Some(if i == 0 {
+                    new.to_owned()
+                } else {
+                    String::new()
+                }));
+            }
+        }
+        out
+    }
+}
+
+impl Parsed<'_> {
+    /// The body with the compacted array replaced by the plan's items.
+    pub fn splice(&self, plan: &Plan) -> String {
+        let body = self.body;
+        let mut written: Vec<Written> = Vec::with_capacity(plan.items.len());
+        // A marker whose element goes away moves to the nearest element kept
+        // before it, so the client's cache breakpoints keep working; one
+        // with nothing kept before it goes to the first element kept after.
+        let mut last_kept: Option<(usize, ElementRef)> = None;
+        let mut unplaced: Vec<&str> = Vec::new();
+        let mut planned = plan.items.iter().peekable();
+        for (index, wire) in self.wire.iter().enumerate() {
+            if !matches!(planned.peek(), Some(p) if p.index == index) {
+                for m in &wire.markers {
+                    place(&mut written, last_kept, &mut unplaced, m.value);
+                }
+                continue;
+            }
+            let p = planned.next().expect("peeked");
+            let mut item = Written::new(index, wire);
+            if let Some(new) = &p.text {
+                item.set_text(wire, new);
+            }
+            for (call, args) in &p.arguments {
+                if let Some((span, form)) = wire.arguments.get(*call) {
+                    let value = match form {
+                        ArgumentsForm::Encoded => json_string(args),
+                        ArgumentsForm::Inline => args.clone(),
+                    };
+                    item.edits.replace(span.clone(), value);
+                }
+            }
+            let kept = item.kept_elements(wire);
+            let w = written.len();
+            written.push(item);
+            if let Some(first) = kept.first() {
+                for value in unplaced.drain(..) {
+                    written[w].add_marker(wire, *first, value);
+                }
+            }
+            for m in &wire.markers {
+                if !written[w].removed[m.element.array][m.element.index] {
+                    continue;
+                }
+                let start = wire.arrays[m.element.array][m.element.index].start;
+                let before = kept
+                    .iter()
+                    .rev()
+                    .find(|e| wire.arrays[e.array][e.index].start < start);
+                match before {
+                    Some(e) => written[w].add_marker(wire, *e, m.value),
+                    None => place(&mut written, last_kept, &mut unplaced, m.value),
+                }
+            }
+            if let Some(e) = kept.last() {
+                last_kept = Some((w, *e));
+            }
+        }
+
+        let mut out = String::with_capacity(body.len());
+        out.push_str(&body[..self.array_span.start]);
+        out.push('[');
+        for (n, item) in written.into_iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            let wire = &self.wire[item.index];
+            item.finish(wire).apply(body, wire.span.clone(), &mut out);
+        }
+        out.push(']');
+        out.push_str(&body[self.array_span.end..]);
+        out
+    }
+}
+
+/// Puts a displaced marker on the last kept element, or keeps it for the next.
+fn place<'a>(
+    written: &mut [Written<'a>],
+    last_kept: Option<(usize, ElementRef)>,
+    unplaced: &mut Vec<&'a str>,
+    value: &'a str,
+) {
+    match last_kept {
+        Some((w, e)) => written[w].pending_markers.push((e, value)),
+        None => unplaced.push(value),
+    }
+}
+
+/// One kept item being rewritten.
+struct Written<'a> {
+    index: usize,
+    edits: Edits,
+    /// Per content array, which elements go.
+    removed: Vec<Vec<bool>>,
+    /// Markers moved onto this item's elements.
+    pending_markers: Vec<(ElementRef, &'a str)>,
+}
+
+impl<'a> Written<'a> {
+    fn new(index: usize, wire: &WireItem) -> Self {
+        Written {
+            index,
+            edits: Edits::default(),
+            removed: wire.arrays.iter().map(|a| vec![false; a.len()]).collect(),
+            pending_markers: Vec::new(),
+        }
+    }
+
+    fn set_text(&mut self, wire: &WireItem, new: &str) {
+        let pieces = wire.distribute(new);
+        for (t, piece) in wire.texts.iter().zip(pieces) {
+            let Some(piece) = piece else { continue };
+            match t.element {
+                Some(e) if piece.is_empty() => self.removed[e.array][e.index] = true,
+                _ => self.edits.replace(t.span.clone(), json_string(&piece)),
+            }
+        }
+        // An array is never emptied: its first emptied text stays, as "".
+        for (a, flags) in self.removed.iter_mut().enumerate() {
+            if flags.is_empty() || !flags.iter().all(|&r| r) {
+                continue;
+            }
+            if let Some(t) = wire
+                .texts
+                .iter()
+                .find(|t| t.element.is_some_and(|e| e.array == a))
+            {
+                flags[t.element.expect("found by it").index] = false;
+                self.edits.replace(t.span.clone(), "\"\"".into());
+            }
+        }
+    }
+
+    fn kept_elements(&self, wire: &WireItem) -> Vec<ElementRef> {
+        let mut kept: Vec<ElementRef> = wire
+            .arrays
+            .iter()
+            .enumerate()
+            .flat_map(|(a, spans)| {
+                (0..spans.len()).map(move |index| ElementRef { array: a, index })
+            })
+            .filter(|e| !self.removed[e.array][e.index])
+            .collect();
+        kept.sort_by_key(|e| wire.arrays[e.array][e.index].start);
+        kept
+    }
+
+    fn add_marker(&mut self, _wire: &WireItem, e: ElementRef, value: &'a str) {
+        self.pending_markers.push((e, value));
+    }
+
+    /// All edits: text, removals and moved markers (at most one per element,
+    /// and none on an element that already carries one).
+    fn finish(mut self, wire: &WireItem) -> Edits {
+        for (a, flags) in self.removed.iter().enumerate() {
+            for r in removal_ranges(&wire.arrays[a], flags) {
+                self.edits.replace(r, String::new());
+            }
+        }
+        let mut marked: Vec<ElementRef> = wire
+            .markers
+            .iter()
+            .map(|m| m.element)
+            .filter(|e| !self.removed[e.array][e.index])
+            .collect();
+        for (e, value) in self.pending_markers {
+            if marked.contains(&e) {
+                continue;
+            }
+            marked.push(e);
+            let close = wire.arrays[e.array][e.index].end - 1;
+            self.edits
+                .replace(close..close, format!(",\"cache_control\":{value}"));
+        }
+        self.edits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removal_keeps_arrays_valid_json() {
+        let base = "[1,2, 3 ,4]";
+        let spans = vec![1..2, 3..4, 6..7, 9..10];
+        for mask in 0u8..16 {
+            let removed: Vec<bool> = (0..4).map(|i| mask & (1 << i) != 0).collect();
+            let mut edits = Edits::default();
+            for r in removal_ranges(&spans, &removed) {
+                edits.replace(r, String::new());
+            }
+            let mut out = String::new();
+            edits.apply(base, 0..base.len(), &mut out);
+            let parsed: Vec<u32> =
+                serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+            let expected: Vec<u32> = (1..=4).filter(|i| !removed[*i as usize - 1]).collect();
+            assert_eq!(parsed, expected, "{out}");
+        }
+    }
+}
