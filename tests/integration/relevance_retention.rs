@@ -78,3 +78,52 @@ fn seed_scoring_reports_no_relevance() {
     let json = serde_json::to_value(&report).unwrap();
     assert!(json["scoring"].get("relevance").is_none());
 }
+
+#[test]
+fn relevant_pins_stay_within_their_share_and_leave_the_tail_its_room() {
+    use compaction_proxy::engine::{Message, ProtectedBecause, Role};
+    let fact = |i: usize| format!("Kestrel invoice note {i}: {}", "x".repeat(90));
+    let mut messages = Vec::new();
+    for i in 0..3 {
+        messages.push(Message::new(Role::Assistant, fact(i)));
+        messages.push(Message::new(
+            Role::Assistant,
+            "Lunch is at noon. ".repeat(6),
+        ));
+    }
+    messages.push(Message::new(Role::User, "Kestrel invoice?"));
+    let relevant_chars = fact(0).chars().count();
+    let relevant_in = |report: &compaction_proxy::engine::Report| -> Vec<usize> {
+        report
+            .messages
+            .iter()
+            .filter(|m| {
+                m.protected_because
+                    .as_ref()
+                    .is_some_and(|why| why.contains(&ProtectedBecause::Relevant))
+            })
+            .map(|m| m.index)
+            .collect()
+    };
+
+    // A share of 0.3 of 1000 chars holds two of the three relevant notes;
+    // the latest (later first on equal relevance) are pinned.
+    let mut p = policy(Strategy::Relevance, 1000);
+    p.keep_last_n = 1;
+    let report = compact(&messages, &p);
+    assert!(2 * relevant_chars <= 300 && 3 * relevant_chars > 300);
+    let pinned = relevant_in(&report);
+    assert_eq!(pinned, [2, 4], "{:?}", report.scoring.relevance);
+
+    // A recent tail that leaves less room than one note: no relevant pin,
+    // so the tail alone decides whether the budget can be met.
+    let mut p = policy(Strategy::Relevance, 600);
+    p.keep_last_n = 6;
+    let tail: usize = messages[1..]
+        .iter()
+        .map(|m| m.content.chars().count())
+        .sum();
+    assert!(600 - tail < relevant_chars && relevant_chars <= 180);
+    let report = compact(&messages, &p);
+    assert!(relevant_in(&report).is_empty());
+}
