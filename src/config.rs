@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::engine::{Policy, Role};
+use crate::engine::{Policy, RelevancePolicy, Role, ScoringMethod};
 
 /// The shipped default configuration, embedded so the binary runs alone.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -152,6 +152,18 @@ pub enum Mode {
     Stable,
 }
 
+/// How a policy scores drop candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scoring {
+    /// The score of `COMPACTION.md`: recency, role, topic overlap.
+    #[default]
+    Seed,
+    /// The seed score plus relevance to the latest request, with pins for
+    /// the most relevant messages (`engine::relevance`).
+    Relevance,
+}
+
 /// One named policy. Every key left out takes the value of
 /// [`PolicyConfig::default`], whatever the policy's name: the proxy's
 /// defaults, which differ from the engine's spec defaults (those stay with
@@ -180,6 +192,19 @@ pub struct PolicyConfig {
     /// report for a few minutes, fetchable by the id the response names.
     /// Off by default: a report holds the conversation's text.
     pub allow_report: bool,
+    pub scoring: Scoring,
+    /// Relevance only: protect messages at least this relevant, in [0, 1].
+    /// Left out: [`RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin_relevant_above: Option<f64>,
+    /// Relevance only: the budget share those pins may take, in [0, 1].
+    /// Left out: [`RelevancePolicy::DEFAULT_RELEVANT_PIN_SHARE`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relevant_pin_share: Option<f64>,
+    /// Relevance only: the request header whose text joins the latest user
+    /// message as what the request is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relevance_goal_header: Option<String>,
     /// Stable mode: a re-compaction brings the form down to this share of
     /// the budget, so the next turns only append.
     pub stable_target_ratio: f64,
@@ -204,6 +229,10 @@ impl Default for PolicyConfig {
             allow_bypass: true,
             dry_run: false,
             allow_report: false,
+            scoring: Scoring::Seed,
+            pin_relevant_above: None,
+            relevant_pin_share: None,
+            relevance_goal_header: None,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
         }
@@ -218,6 +247,18 @@ impl PolicyConfig {
             keep_roles: self.keep_roles.clone(),
             duplicate_threshold: self.duplicate_threshold,
             max_message_chars: self.max_message_chars,
+            scoring: match self.scoring {
+                Scoring::Seed => ScoringMethod::Seed,
+                Scoring::Relevance => ScoringMethod::Relevance(RelevancePolicy {
+                    pin_relevant_above: self
+                        .pin_relevant_above
+                        .unwrap_or(RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE),
+                    relevant_pin_share: self
+                        .relevant_pin_share
+                        .unwrap_or(RelevancePolicy::DEFAULT_RELEVANT_PIN_SHARE),
+                    goal: None,
+                }),
+            },
         }
     }
 }

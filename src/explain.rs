@@ -239,6 +239,7 @@ fn protection_words(because: &[ProtectedBecause]) -> String {
             ProtectedBecause::Role => "role in keep_roles",
             ProtectedBecause::Recent => "among the last keep_last_n",
             ProtectedBecause::ToolGroup => "tool-call group with a protected member",
+            ProtectedBecause::Relevant => "relevant to the latest request (pin_relevant_above)",
         })
         .collect::<Vec<_>>()
         .join(", ")

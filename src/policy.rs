@@ -12,7 +12,7 @@ use regex::RegexSet;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
-use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig};
+use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig, Scoring};
 use crate::engine::Policy;
 use crate::format::Format;
 
@@ -33,10 +33,16 @@ pub struct CompiledPolicy {
     pub allow_bypass: bool,
     pub dry_run: bool,
     pub allow_report: bool,
+    /// `scoring = "relevance"`: the request header whose text is the goal.
+    pub relevance_goal_header: Option<HeaderName>,
     /// Stable mode's low-water mark and kept head, as shares of the budget.
     pub stable_target_ratio: f64,
     pub stable_head_ratio: f64,
 }
+
+/// The most chars of a goal header that join the relevance query: a goal
+/// is a sentence or two, and the query's cost grows with its terms.
+pub const MAX_GOAL_CHARS: usize = 2000;
 
 fn next_policy_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -56,8 +62,41 @@ impl CompiledPolicy {
             allow_bypass: false,
             dry_run: false,
             allow_report: false,
+            relevance_goal_header: None,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
+        }
+    }
+
+    /// The goal a request gives in the policy's `relevance_goal_header`:
+    /// its text when the header is set, valid UTF-8 and not blank, cut to
+    /// [`MAX_GOAL_CHARS`]. `None` for every request when the policy names no
+    /// header.
+    pub fn relevance_goal(&self, headers: &HeaderMap) -> Option<String> {
+        let value = headers.get(self.relevance_goal_header.as_ref()?)?;
+        let text = std::str::from_utf8(value.as_bytes()).ok()?.trim();
+        (!text.is_empty())
+            .then(|| crate::engine::text::char_prefix(text, MAX_GOAL_CHARS).to_owned())
+    }
+
+    /// This policy for a request that gives `goal`: the same policy, same
+    /// id, with the goal joining the relevance query. A goal changes the
+    /// outcome but not the cache key, so an outcome computed under it must
+    /// not be cached.
+    pub fn with_goal(&self, goal: String) -> CompiledPolicy {
+        CompiledPolicy {
+            id: self.id,
+            name: self.name.clone(),
+            engine: self.engine.with_goal(Some(goal)),
+            mode: self.mode,
+            pin_first_user: self.pin_first_user,
+            pin_patterns: self.pin_patterns.clone(),
+            allow_bypass: self.allow_bypass,
+            dry_run: self.dry_run,
+            allow_report: self.allow_report,
+            relevance_goal_header: self.relevance_goal_header.clone(),
+            stable_target_ratio: self.stable_target_ratio,
+            stable_head_ratio: self.stable_head_ratio,
         }
     }
 }
@@ -403,6 +442,35 @@ fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(S
             "must be in [0, stable_target_ratio)".to_owned(),
         ));
     }
+    for (key, value) in [
+        ("pin_relevant_above", p.pin_relevant_above),
+        ("relevant_pin_share", p.relevant_pin_share),
+    ] {
+        if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+            problems.push((key.into(), "must be in [0, 1]".to_owned()));
+        }
+    }
+    let relevance_goal_header = p
+        .relevance_goal_header
+        .as_deref()
+        .map(|h| HeaderName::try_from(h).map_err(|_| format!("{h:?} is not a valid header name")));
+    if let Some(Err(e)) = &relevance_goal_header {
+        problems.push(("relevance_goal_header".into(), e.clone()));
+    }
+    if p.scoring == Scoring::Seed {
+        for (key, set) in [
+            ("pin_relevant_above", p.pin_relevant_above.is_some()),
+            ("relevant_pin_share", p.relevant_pin_share.is_some()),
+            ("relevance_goal_header", p.relevance_goal_header.is_some()),
+        ] {
+            if set {
+                problems.push((
+                    key.into(),
+                    "has no effect unless scoring = \"relevance\"".to_owned(),
+                ));
+            }
+        }
+    }
     // Each pattern on its own first, so every bad one is named by index.
     for (i, pattern) in p.pin_patterns.iter().enumerate() {
         if let Err(e) = regex::Regex::new(pattern) {
@@ -424,6 +492,7 @@ fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(S
             allow_bypass: p.allow_bypass,
             dry_run: p.dry_run,
             allow_report: p.allow_report,
+            relevance_goal_header: relevance_goal_header.and_then(Result::ok),
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,
         }),

@@ -217,10 +217,12 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         Err(e) => return refuse(e, Some(&resolution), record),
     };
     let coding = body::request_coding(&parts.headers);
-    let decided = match compact::decide(&state, &runtime, &resolution, raw.clone(), coding).await {
-        Ok(decided) => decided,
-        Err(e) => return refuse(e, Some(&resolution), record),
-    };
+    let goal = resolution.policy.relevance_goal(&parts.headers);
+    let decided =
+        match compact::decide(&state, &runtime, &resolution, raw.clone(), coding, goal).await {
+            Ok(decided) => decided,
+            Err(e) => return refuse(e, Some(&resolution), record),
+        };
     record.compaction_seconds = decided.seconds;
     let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
         .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));

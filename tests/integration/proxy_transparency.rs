@@ -32,6 +32,7 @@ fn engine_policy(budget: usize, keep_last_n: usize, max_message_chars: usize) ->
         keep_roles: vec![Role::System],
         duplicate_threshold: 0.9,
         max_message_chars,
+        scoring: compaction_proxy::engine::ScoringMethod::Seed,
     }
 }
 
