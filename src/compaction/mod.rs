@@ -110,12 +110,17 @@ pub fn compact(
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
     let total = conversation.total_chars();
+    // Items the dedupe stage removed (exact mode; stable mode's replay
+    // reports its removals as drops).
+    let mut deduped = 0;
     let (plan, stable) = match policy.mode {
         crate::config::Mode::Exact => {
             if total <= budget {
                 (None, None)
             } else {
-                (run_engine(conversation, policy).1, None)
+                let (report, plan) = run_engine(conversation, policy);
+                deduped = report.stages.dedupe.removed_messages;
+                (plan, None)
             }
         }
         crate::config::Mode::Stable if total <= budget => {
@@ -140,7 +145,10 @@ pub fn compact(
         plan
     });
     let loss = match &plan {
-        Some(plan) => loss_of(conversation, plan, budget),
+        Some(plan) => LossSummary {
+            deduped_messages: deduped,
+            ..loss_of(conversation, plan, budget)
+        },
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
     Compacted { plan, loss, stable }
@@ -166,6 +174,7 @@ pub fn loss_of(conversation: &Conversation, plan: &Plan, budget: usize) -> LossS
         input_messages: conversation.items.len(),
         output_messages: plan.items.len(),
         dropped_messages: conversation.items.len() - plan.items.len(),
+        deduped_messages: 0,
         trimmed_messages: trimmed,
         retained_ratio: if input_chars == 0 {
             1.0
