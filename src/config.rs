@@ -164,6 +164,39 @@ pub struct PolicyConfig {
     /// share of the budget as they were, so their cached prefix survives.
     #[serde(default = "default_stable_head_ratio")]
     pub stable_head_ratio: f64,
+    /// Agent passes (exact mode): tool results older than the protected
+    /// window and longer than this become head + marker + tail; 0 = off.
+    #[serde(default = "default_max_tool_result_chars")]
+    pub max_tool_result_chars: usize,
+    /// The most recent tool output (chars) that pruning never touches.
+    #[serde(default = "default_protect_tool_chars")]
+    pub protect_tool_chars: usize,
+    /// The protected tool output is at most this share of the budget.
+    #[serde(default = "default_protect_tool_share")]
+    pub protect_tool_share: f64,
+    /// Pruning runs only when it would save at least this many chars (or
+    /// everything the conversation is over the budget by).
+    #[serde(default = "default_prune_minimum_chars")]
+    pub prune_minimum_chars: usize,
+    /// String values in older tool-call arguments are clipped to this; 0 = off.
+    #[serde(default = "default_max_arg_chars")]
+    pub max_arg_chars: usize,
+    /// A later tool result this similar (word Jaccard) to an earlier one of
+    /// the same tool becomes a marker naming it; 0 = off.
+    #[serde(default = "default_tool_duplicate_threshold")]
+    pub tool_duplicate_threshold: f64,
+    /// Tools whose calls and results the agent passes never touch.
+    #[serde(default)]
+    pub excluded_tools: Vec<String>,
+    /// When not empty, the only tools the agent passes touch.
+    #[serde(default)]
+    pub eligible_tools: Vec<String>,
+    /// Compact only at or above this many chars (0 = no char trigger).
+    #[serde(default)]
+    pub trigger_chars: usize,
+    /// Compact only at or above this many messages (0 = no message trigger).
+    #[serde(default)]
+    pub trigger_messages: usize,
 }
 
 fn default_stable_target_ratio() -> f64 {
@@ -171,6 +204,25 @@ fn default_stable_target_ratio() -> f64 {
 }
 fn default_stable_head_ratio() -> f64 {
     0.4
+}
+
+fn default_max_tool_result_chars() -> usize {
+    crate::compaction::agent::AgentPolicy::DEFAULT.max_tool_result_chars
+}
+fn default_protect_tool_chars() -> usize {
+    crate::compaction::agent::AgentPolicy::DEFAULT.protect_tool_chars
+}
+fn default_protect_tool_share() -> f64 {
+    crate::compaction::agent::AgentPolicy::DEFAULT.protect_tool_share
+}
+fn default_prune_minimum_chars() -> usize {
+    crate::compaction::agent::AgentPolicy::DEFAULT.prune_minimum_chars
+}
+fn default_max_arg_chars() -> usize {
+    crate::compaction::agent::AgentPolicy::DEFAULT.max_arg_chars
+}
+fn default_tool_duplicate_threshold() -> f64 {
+    crate::compaction::agent::AgentPolicy::DEFAULT.tool_duplicate_threshold
 }
 
 fn default_keep_last_n() -> usize {
@@ -203,6 +255,32 @@ impl PolicyConfig {
             dry_run: false,
             stable_target_ratio: default_stable_target_ratio(),
             stable_head_ratio: default_stable_head_ratio(),
+            max_tool_result_chars: default_max_tool_result_chars(),
+            protect_tool_chars: default_protect_tool_chars(),
+            protect_tool_share: default_protect_tool_share(),
+            prune_minimum_chars: default_prune_minimum_chars(),
+            max_arg_chars: default_max_arg_chars(),
+            tool_duplicate_threshold: default_tool_duplicate_threshold(),
+            excluded_tools: Vec::new(),
+            eligible_tools: Vec::new(),
+            trigger_chars: 0,
+            trigger_messages: 0,
+        }
+    }
+
+    /// The agent passes' settings.
+    pub fn agent_policy(&self) -> crate::compaction::agent::AgentPolicy {
+        crate::compaction::agent::AgentPolicy {
+            max_tool_result_chars: self.max_tool_result_chars,
+            protect_tool_chars: self.protect_tool_chars,
+            protect_tool_share: self.protect_tool_share,
+            prune_minimum_chars: self.prune_minimum_chars,
+            max_arg_chars: self.max_arg_chars,
+            tool_duplicate_threshold: self.tool_duplicate_threshold,
+            excluded_tools: self.excluded_tools.clone(),
+            eligible_tools: self.eligible_tools.clone(),
+            trigger_chars: self.trigger_chars,
+            trigger_messages: self.trigger_messages,
         }
     }
 

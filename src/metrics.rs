@@ -56,6 +56,11 @@ pub struct LossSummary {
     pub trimmed_messages: usize,
     pub retained_ratio: f64,
     pub budget_met: bool,
+    /// Chars the agent passes removed from messages that survive: pruned
+    /// tool results, clipped tool-call arguments, repeated tool results.
+    pub pruned_chars: usize,
+    pub clipped_chars: usize,
+    pub deduped_tool_chars: usize,
 }
 
 impl LossSummary {
@@ -70,6 +75,9 @@ impl LossSummary {
             trimmed_messages: 0,
             retained_ratio: 1.0,
             budget_met: true,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
         }
     }
 
@@ -91,6 +99,9 @@ impl LossSummary {
             trimmed_messages: report.loss.trimmed_messages,
             retained_ratio: report.loss.retained_char_ratio,
             budget_met: report.budget.budget_met,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
         }
     }
 }
@@ -442,6 +453,9 @@ mod tests {
                 trimmed_messages: 0,
                 retained_ratio: 0.4,
                 budget_met: false,
+                pruned_chars: 0,
+                clipped_chars: 0,
+                deduped_tool_chars: 0,
             }),
             compaction_seconds: Some(0.001),
             upstream_status: Some(200),

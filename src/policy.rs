@@ -12,6 +12,7 @@ use regex::RegexSet;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
+use crate::compaction::agent::AgentPolicy;
 use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig};
 use crate::engine::Policy;
 use crate::format::Format;
@@ -35,6 +36,8 @@ pub struct CompiledPolicy {
     /// Stable mode's low-water mark and kept head, as shares of the budget.
     pub stable_target_ratio: f64,
     pub stable_head_ratio: f64,
+    /// Tool-result pruning, argument clipping, tool dedupe and triggers.
+    pub agent: crate::compaction::agent::AgentPolicy,
 }
 
 fn next_policy_id() -> u64 {
@@ -56,6 +59,7 @@ impl CompiledPolicy {
             dry_run: false,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
+            agent: crate::compaction::agent::AgentPolicy::OFF,
         }
     }
 }
@@ -373,6 +377,41 @@ fn compile_policy(
             "must be in [0, stable_target_ratio)".to_owned(),
         ));
     }
+    if !(p.protect_tool_share >= 0.0 && p.protect_tool_share <= 1.0) {
+        problems.push(("protect_tool_share", "must be in [0, 1]".to_owned()));
+    }
+    if !(p.tool_duplicate_threshold >= 0.0 && p.tool_duplicate_threshold <= 1.0) {
+        problems.push((
+            "tool_duplicate_threshold",
+            "must be in [0, 1] (0 turns tool dedupe off)".to_owned(),
+        ));
+    }
+    if p.max_tool_result_chars > 0 && p.max_tool_result_chars < AgentPolicy::MIN_KEPT_CHARS {
+        problems.push((
+            "max_tool_result_chars",
+            format!(
+                "must be 0 (off) or at least {}: head and tail need room",
+                AgentPolicy::MIN_KEPT_CHARS
+            ),
+        ));
+    }
+    if p.max_arg_chars > 0 && p.max_arg_chars < AgentPolicy::MIN_KEPT_CHARS {
+        problems.push((
+            "max_arg_chars",
+            format!(
+                "must be 0 (off) or at least {}",
+                AgentPolicy::MIN_KEPT_CHARS
+            ),
+        ));
+    }
+    for tool in &p.excluded_tools {
+        if p.eligible_tools.contains(tool) {
+            problems.push((
+                "eligible_tools",
+                format!("{tool:?} is also in excluded_tools"),
+            ));
+        }
+    }
     let pin_patterns = RegexSet::new(&p.pin_patterns).map_err(|e| e.to_string());
     if let Err(e) = &pin_patterns {
         problems.push(("pin_patterns", e.clone()));
@@ -389,6 +428,7 @@ fn compile_policy(
             dry_run: p.dry_run,
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,
+            agent: p.agent_policy(),
         }),
         _ => Err(problems),
     }

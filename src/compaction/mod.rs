@@ -5,22 +5,35 @@
 //! 1. **pins** ([`engine_messages`]): the policy's pin rules
 //!    (`pin_first_user`, `pin_patterns`) and the format's fixed items
 //!    become engine pins; roles are the engine's own (`keep_roles`).
-//! 2. **mode**: `exact` compacts the whole conversation with the engine;
-//!    `stable` replays it so each turn extends the previous one
-//!    ([`stable`]).
-//! 3. **format rules** ([`crate::format::Format::repair`]): what the API
+//! 2. **triggers**: below every set trigger (`trigger_chars`,
+//!    `trigger_messages`) the body goes as it came, even over its budget.
+//! 3. **mode**: `exact` runs the agent passes ([`agent`]: tool dedupe,
+//!    prune, clip) and then the engine on the whole conversation, each
+//!    stopping once it fits; `stable` replays it so each turn extends the
+//!    previous one ([`stable`]; the agent passes do not run there yet).
+//! 4. **format rules** ([`crate::format::Format::repair`]): what the API
 //!    requires of the survivors (a Messages conversation starts with a user
 //!    turn).
-//! 4. **loss** ([`loss_of`]): what the plan removed, for headers and metrics.
+//! 5. **loss** ([`loss_of`]): what the plan removed, for headers and metrics.
 //!
 //! Pure: no I/O and no async, like the engine it drives.
 
+pub mod agent;
 pub mod stable;
 
 use crate::engine::{self, Kept, Message, Report};
 use crate::format::{Conversation, Format, Parsed, Plan, Planned};
 use crate::metrics::LossSummary;
 use crate::policy::CompiledPolicy;
+
+/// Which items `policy` protects from every pass: the engine's pins and
+/// the roles it keeps.
+pub fn protected_items(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<bool> {
+    engine_messages(conversation, policy)
+        .iter()
+        .map(|m| m.pin || policy.engine.keep_roles.contains(&m.role))
+        .collect()
+}
 
 /// The engine's view of the items under `policy`'s pin rules.
 pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
@@ -110,14 +123,19 @@ pub fn compact(
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
     let total = conversation.total_chars();
+    let triggered = policy.agent.triggered(conversation);
+    let mut edits = agent::AgentEdits::default();
     let (plan, stable) = match policy.mode {
         crate::config::Mode::Exact => {
-            if total <= budget {
+            if total <= budget || !triggered {
                 (None, None)
             } else {
-                (run_engine(conversation, policy).1, None)
+                let (plan, done) = run_passes(parsed, policy);
+                edits = done;
+                (plan, None)
             }
         }
+        crate::config::Mode::Stable if !triggered => (None, None),
         crate::config::Mode::Stable if total <= budget => {
             // Every prefix fits too: the replay would only have appended.
             let prev = stable::previous_turn_end(conversation);
@@ -140,24 +158,90 @@ pub fn compact(
         plan
     });
     let loss = match &plan {
-        Some(plan) => loss_of(conversation, plan, budget),
+        Some(plan) => loss_with_passes(conversation, plan, budget, &edits),
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
     Compacted { plan, loss, stable }
 }
 
+/// Exact mode: the agent passes, then the engine on what they left, each
+/// stopping once the conversation fits. The plan is `None` when nothing
+/// changed.
+pub fn run_passes(parsed: &Parsed, policy: &CompiledPolicy) -> (Option<Plan>, agent::AgentEdits) {
+    let conversation = &parsed.conversation;
+    let protected = protected_items(conversation, policy);
+    let edits = agent::run(
+        conversation,
+        &protected,
+        policy.engine.budget_chars,
+        &policy.agent,
+        &|item, call| parsed.can_replace_arguments(item, call),
+    );
+    if edits.is_empty() {
+        return (run_engine(conversation, policy).1, edits);
+    }
+    let edited = edits.apply(conversation);
+    // Pins come from the items as they came, not from the edited text.
+    let messages: Vec<Message> = engine_messages(conversation, policy)
+        .into_iter()
+        .zip(&edited.items)
+        .map(|(m, item)| Message {
+            content: item.text.clone(),
+            fixed_chars: item.fixed_chars,
+            ..m
+        })
+        .collect();
+    let report = engine::compact(&messages, &item_policy(&edited, policy));
+    let mut plan = plan_of(&report);
+    for p in &mut plan.items {
+        if p.text.is_none() {
+            p.text = edits.texts.get(&p.index).map(|e| e.text().to_owned());
+        }
+        if let Some(args) = edits.arguments.get(&p.index) {
+            p.arguments = args.clone();
+        }
+    }
+    (Some(plan), edits)
+}
+
 /// The loss a plan reports against the conversation it came from.
 pub fn loss_of(conversation: &Conversation, plan: &Plan, budget: usize) -> LossSummary {
+    loss_with_passes(conversation, plan, budget, &agent::AgentEdits::default())
+}
+
+/// The loss of a plan made by the agent passes' `edits` and the engine:
+/// chars the passes removed from surviving items count per pass; an item
+/// counts as trimmed only when the engine cut it further.
+pub fn loss_with_passes(
+    conversation: &Conversation,
+    plan: &Plan,
+    budget: usize,
+    edits: &agent::AgentEdits,
+) -> LossSummary {
+    use engine::text::char_count;
     let input_chars = conversation.total_chars();
     let mut output_chars = conversation.outside_chars;
     let mut trimmed = 0;
+    let (mut pruned, mut deduped, mut clipped) = (0, 0, 0);
     for p in &plan.items {
         let item = &conversation.items[p.index];
         let mut chars = item.chars();
         if let Some(text) = &p.text {
-            chars = chars - engine::text::char_count(&item.text) + engine::text::char_count(text);
-            trimmed += 1;
+            chars = chars - char_count(&item.text) + char_count(text);
+            let by_pass = edits.texts.get(&p.index).map(|e| e.text());
+            if by_pass != Some(text.as_str()) {
+                trimmed += 1;
+            }
         }
+        for (call, args) in &p.arguments {
+            if let Some(old) = item.tool_calls.get(*call) {
+                chars = chars - char_count(&old.arguments) + char_count(args);
+            }
+        }
+        let (p_chars, d_chars) = edits.text_saving(conversation, p.index);
+        pruned += p_chars;
+        deduped += d_chars;
+        clipped += edits.clip_saving(conversation, p.index);
         output_chars += chars;
     }
     LossSummary {
@@ -173,6 +257,9 @@ pub fn loss_of(conversation: &Conversation, plan: &Plan, budget: usize) -> LossS
             engine::round_to(output_chars as f64 / input_chars as f64, 4)
         },
         budget_met: output_chars <= budget,
+        pruned_chars: pruned,
+        clipped_chars: clipped,
+        deduped_tool_chars: deduped,
     }
 }
 
