@@ -285,6 +285,33 @@ pub fn clip_arguments(arguments: &str, max: usize) -> Option<String> {
     Some(out)
 }
 
+/// Items of `excluded_tools`' units: calls to an excluded tool and the
+/// results answering them. Not only the passes: the engine may drop such a
+/// unit whole but never cut its text.
+pub fn excluded_items(conversation: &Conversation, policy: &AgentPolicy) -> Vec<bool> {
+    let items = &conversation.items;
+    let mut out = vec![false; items.len()];
+    if policy.excluded_tools.is_empty() {
+        return out;
+    }
+    let excluded = |name: &str| policy.excluded_tools.iter().any(|t| t == name);
+    let mut excluded_calls: Vec<&str> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        for call in &item.tool_calls {
+            if excluded(&call.name) {
+                excluded_calls.push(&call.id);
+                out[i] = true;
+            }
+        }
+    }
+    for (i, item) in items.iter().enumerate() {
+        if item.answers.as_deref().is_some_and(|id| excluded_calls.contains(&id)) {
+            out[i] = true;
+        }
+    }
+    out
+}
+
 /// Runs the passes on `conversation`, whose items `pinned` protects, until
 /// it fits `budget`. `replaceable(item, call)` says whether a call's
 /// arguments can be replaced in the body.

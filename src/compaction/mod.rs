@@ -177,29 +177,42 @@ pub fn run_passes(parsed: &Parsed, policy: &CompiledPolicy) -> (Option<Plan>, ag
         &policy.agent,
         &|item, call| parsed.can_replace_arguments(item, call),
     );
-    if edits.is_empty() {
-        return (run_engine(conversation, policy).1, edits);
-    }
     let edited = edits.apply(conversation);
+    // Excluded tools' units reach the engine as fixed chars: it may drop
+    // them whole but never cut them.
+    let excluded = agent::excluded_items(conversation, &policy.agent);
     // Pins come from the items as they came, not from the edited text.
     let messages: Vec<Message> = engine_messages(conversation, policy)
         .into_iter()
         .zip(&edited.items)
-        .map(|(m, item)| Message {
-            content: item.text.clone(),
-            fixed_chars: item.fixed_chars,
-            ..m
+        .zip(&excluded)
+        .map(|((m, item), &excluded)| {
+            let (content, fixed_chars) = if excluded {
+                (String::new(), item.chars())
+            } else {
+                (item.text.clone(), item.fixed_chars)
+            };
+            Message {
+                content,
+                fixed_chars,
+                ..m
+            }
         })
         .collect();
     let report = engine::compact(&messages, &item_policy(&edited, policy));
     let mut plan = plan_of(&report);
     for p in &mut plan.items {
-        if p.text.is_none() {
+        if excluded[p.index] {
+            p.text = None;
+        } else if p.text.is_none() {
             p.text = edits.texts.get(&p.index).map(|e| e.text().to_owned());
         }
         if let Some(args) = edits.arguments.get(&p.index) {
             p.arguments = args.clone();
         }
+    }
+    if !changes(&plan, conversation.items.len()) {
+        return (None, edits);
     }
     (Some(plan), edits)
 }

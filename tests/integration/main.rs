@@ -2,6 +2,7 @@
 
 mod support;
 
+mod agent_properties;
 mod binary;
 mod chart_files;
 mod engine_properties;
