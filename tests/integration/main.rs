@@ -2,6 +2,7 @@
 
 mod support;
 
+mod agent_fixture;
 mod agent_properties;
 mod binary;
 mod chart_files;
