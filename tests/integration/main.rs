@@ -10,6 +10,7 @@ mod engine_properties;
 mod engine_vectors;
 mod metrics_scrape;
 mod openai_properties;
+mod proxy_agent;
 mod proxy_basics;
 mod proxy_failures;
 mod proxy_streaming;
