@@ -109,7 +109,9 @@ impl AgentPolicy {
     }
 
     fn any_pass(&self) -> bool {
-        self.max_tool_result_chars > 0 || self.max_arg_chars > 0 || self.tool_duplicate_threshold > 0.0
+        self.max_tool_result_chars > 0
+            || self.max_arg_chars > 0
+            || self.tool_duplicate_threshold > 0.0
     }
 }
 
@@ -166,8 +168,8 @@ impl AgentEdits {
         match self.texts.get(&i) {
             None => (0, 0),
             Some(edit) => {
-                let saved = char_count(&conversation.items[i].text)
-                    .saturating_sub(char_count(edit.text()));
+                let saved =
+                    char_count(&conversation.items[i].text).saturating_sub(char_count(edit.text()));
                 match edit {
                     TextEdit::Pruned(_) => (saved, 0),
                     TextEdit::Deduped { .. } => (0, saved),
@@ -305,7 +307,11 @@ pub fn excluded_items(conversation: &Conversation, policy: &AgentPolicy) -> Vec<
         }
     }
     for (i, item) in items.iter().enumerate() {
-        if item.answers.as_deref().is_some_and(|id| excluded_calls.contains(&id)) {
+        if item
+            .answers
+            .as_deref()
+            .is_some_and(|id| excluded_calls.contains(&id))
+        {
             out[i] = true;
         }
     }
@@ -333,7 +339,9 @@ pub fn run(
     let mut calls: HashMap<&str, (usize, &str)> = HashMap::new();
     for (i, item) in items.iter().enumerate() {
         for call in &item.tool_calls {
-            calls.entry(call.id.as_str()).or_insert((i, call.name.as_str()));
+            calls
+                .entry(call.id.as_str())
+                .or_insert((i, call.name.as_str()));
         }
     }
     let tool_of = |i: usize| -> Option<&str> {
@@ -359,15 +367,12 @@ pub fn run(
         window_start = i;
     }
     // Calls whose results are in the window are in it too.
-    let mut protected_calls: Vec<&str> = Vec::new();
-    for i in window_start..items.len() {
-        if let Some(id) = items[i].answers.as_deref() {
-            protected_calls.push(id);
-        }
-    }
-    let candidate = |i: usize| {
-        i < window_start && is_result(i) && !pinned[i] && policy.touches(tool_of(i))
-    };
+    let protected_calls: Vec<&str> = items[window_start..]
+        .iter()
+        .filter_map(|item| item.answers.as_deref())
+        .collect();
+    let candidate =
+        |i: usize| i < window_start && is_result(i) && !pinned[i] && policy.touches(tool_of(i));
 
     // 1. Tool dedupe: later near-duplicates of an earlier result.
     let mut referenced = vec![false; items.len()];
@@ -389,8 +394,7 @@ pub fn run(
                 // The most recent earlier results are the likely repeats.
                 let found = list.iter().rev().take(64).find(|(k, other)| {
                     items[*k].text == items[i].text
-                        || jaccard_at_least(other, &set, policy.tool_duplicate_threshold)
-                            .is_some()
+                        || jaccard_at_least(other, &set, policy.tool_duplicate_threshold).is_some()
                 });
                 if let Some(&(k, _)) = found {
                     let of = items[k].answers.clone().unwrap_or_default();
@@ -568,7 +572,10 @@ mod tests {
         };
         let edits = run_all(&c, 2_000, &p);
         assert!(matches!(edits.texts.get(&2), Some(TextEdit::Pruned(_))));
-        assert!(!edits.texts.contains_key(&4), "the newest output is protected");
+        assert!(
+            !edits.texts.contains_key(&4),
+            "the newest output is protected"
+        );
         let after = edits.apply(&c);
         assert!(after.total_chars() < c.total_chars());
         assert!(after.items[2].text.contains("chars omitted"));
@@ -593,7 +600,7 @@ mod tests {
         let c = conversation(vec![
             call("a", "read", "{}"),
             result("a", &numbered(300, "w")),
-            Item::new(Role::User, &numbered(100, "u")),
+            Item::new(Role::User, numbered(100, "u")),
         ]);
         let total = c.total_chars();
         let p = AgentPolicy {
@@ -658,7 +665,10 @@ mod tests {
         let edits = run(&c, &pinned, 10, &p, &|_, _| true);
         assert!(edits.texts.contains_key(&1) && edits.arguments.contains_key(&0));
         assert!(!edits.arguments.contains_key(&2), "not eligible");
-        assert!(!edits.texts.contains_key(&4), "unknown tool, allow-list set");
+        assert!(
+            !edits.texts.contains_key(&4),
+            "unknown tool, allow-list set"
+        );
         // A call whose arguments the body cannot take back stays.
         let edits = run(&c, &pinned, 10, &p, &|_, _| false);
         assert!(edits.arguments.is_empty());
@@ -719,7 +729,10 @@ mod tests {
 
     #[test]
     fn under_budget_nothing_changes() {
-        let c = conversation(vec![call("a", "read", "{}"), result("a", &numbered(300, "w"))]);
+        let c = conversation(vec![
+            call("a", "read", "{}"),
+            result("a", &numbered(300, "w")),
+        ]);
         assert!(run_all(&c, c.total_chars(), &policy()).is_empty());
     }
 }

@@ -147,9 +147,9 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
                     (None, Some(c)) => {
                         w.arguments.push(None);
                         (
-                        c.name.as_deref().unwrap_or_default().to_owned(),
-                        c.input.as_deref().unwrap_or_default().to_owned(),
-                    )
+                            c.name.as_deref().unwrap_or_default().to_owned(),
+                            c.input.as_deref().unwrap_or_default().to_owned(),
+                        )
                     }
                     (None, None) => {
                         w.arguments.push(None);

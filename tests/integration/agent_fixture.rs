@@ -20,7 +20,11 @@ const FIXTURE: &str = concat!(
 fn default_policy(budget: usize, agent: AgentPolicy) -> CompiledPolicy {
     let config = config::load(None, Vec::new(), &Overrides::default()).expect("defaults load");
     let p = &config.policies["default"];
-    assert_eq!(p.agent_policy(), AgentPolicy::DEFAULT, "shipped = documented");
+    assert_eq!(
+        p.agent_policy(),
+        AgentPolicy::DEFAULT,
+        "shipped = documented"
+    );
     let mut policy = CompiledPolicy::plain("default", p.engine_policy());
     policy.engine.budget_chars = budget;
     policy.pin_first_user = p.pin_first_user;
@@ -46,11 +50,8 @@ fn run(body: &str, policy: &CompiledPolicy) -> Run {
 
 fn figures(name: &str, r: &Run) {
     let l = &r.loss;
-    let dropped_or_trimmed = l.input_chars
-        - l.output_chars
-        - l.pruned_chars
-        - l.clipped_chars
-        - l.deduped_tool_chars;
+    let dropped_or_trimmed =
+        l.input_chars - l.output_chars - l.pruned_chars - l.clipped_chars - l.deduped_tool_chars;
     eprintln!(
         "{name}: {} -> {} chars, kept {}/{} messages ({} trimmed); pruned {}, clipped {}, tool dedupe {}, engine drops+trims {}; budget met {}",
         l.input_chars,

@@ -27,7 +27,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-const TOOLS: [&str; 5] = ["read_file", "grep", "run_tests", "write_file", "secret_tool"];
+const TOOLS: [&str; 5] = [
+    "read_file",
+    "grep",
+    "run_tests",
+    "write_file",
+    "secret_tool",
+];
 const EXCLUDED: &str = "secret_tool";
 
 fn config() -> ProptestConfig {
@@ -46,7 +52,18 @@ fn config() -> ProptestConfig {
 /// Deterministic filler text of `words` words drawn from `seed`.
 fn filler(seed: u64, words: usize) -> String {
     const WORDS: [&str; 12] = [
-        "retry", "payment", "fn", "let", "error", "test", "ok", "src", "mod", "é", "ünïcode", "🦀",
+        "retry",
+        "payment",
+        "fn",
+        "let",
+        "error",
+        "test",
+        "ok",
+        "src",
+        "mod",
+        "é",
+        "ünïcode",
+        "🦀",
     ];
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..words)
@@ -54,7 +71,11 @@ fn filler(seed: u64, words: usize) -> String {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            format!("{}{}", WORDS[(x % 12) as usize], (x >> 8) % 1000 + k as u64 % 3)
+            format!(
+                "{}{}",
+                WORDS[(x % 12) as usize],
+                (x >> 8) % 1000 + k as u64 % 3
+            )
         })
         .collect::<Vec<_>>()
         .join(" ")
@@ -206,14 +227,19 @@ fn build(turns: &[Turn]) -> Vec<Value> {
                     }
                     earlier.push(text.clone());
                     let content = if r.as_parts {
-                        let (a, b) = text.split_at(text.char_indices().nth(text.chars().count() / 2).map_or(0, |(i, _)| i));
+                        let (a, b) = text.split_at(
+                            text.char_indices()
+                                .nth(text.chars().count() / 2)
+                                .map_or(0, |(i, _)| i),
+                        );
                         json!([{"type": "text", "text": a}, {"type": "text", "text": b}])
                     } else {
                         json!(text)
                     };
                     results.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                 }
-                messages.push(json!({"role": "assistant", "content": null, "tool_calls": tool_calls}));
+                messages
+                    .push(json!({"role": "assistant", "content": null, "tool_calls": tool_calls}));
                 messages.extend(results);
             }
         }
@@ -256,8 +282,14 @@ fn call_ids(message: &Value) -> Vec<(String, String, String)> {
                 .map(|c| {
                     (
                         c["id"].as_str().unwrap_or_default().to_owned(),
-                        c["function"]["name"].as_str().unwrap_or_default().to_owned(),
-                        c["function"]["arguments"].as_str().unwrap_or_default().to_owned(),
+                        c["function"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                        c["function"]["arguments"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
                     )
                 })
                 .collect()
@@ -313,7 +345,11 @@ fn check(turns: &[Turn], knobs: &Knobs) -> Result<(), TestCaseError> {
         );
     }
     for id in &answered_out {
-        prop_assert!(kept_calls.contains(*id), "tool message answers dropped call {}", id);
+        prop_assert!(
+            kept_calls.contains(*id),
+            "tool message answers dropped call {}",
+            id
+        );
     }
 
     // Arguments parse; excluded tools keep their bytes.
@@ -349,7 +385,9 @@ fn check(turns: &[Turn], knobs: &Knobs) -> Result<(), TestCaseError> {
         }
     }
     for m in &output_messages {
-        let Some(id) = m["tool_call_id"].as_str() else { continue };
+        let Some(id) = m["tool_call_id"].as_str() else {
+            continue;
+        };
         let (name, _) = &input_args[id];
         if knobs.agent.excluded_tools.contains(name) {
             prop_assert_eq!(m, input_results[id], "excluded tool's result changed");
@@ -378,7 +416,11 @@ fn check(turns: &[Turn], knobs: &Knobs) -> Result<(), TestCaseError> {
     // Accounting: the report's output is the forwarded body's size.
     let reparsed = Format::Chat.parse(out.as_bytes(), usize::MAX).unwrap();
     let loss = &compacted.loss;
-    prop_assert_eq!(loss.output_chars, reparsed.total_chars(), "reported output chars");
+    prop_assert_eq!(
+        loss.output_chars,
+        reparsed.total_chars(),
+        "reported output chars"
+    );
     prop_assert_eq!(loss.output_messages, output_messages.len());
     prop_assert!(
         loss.input_chars - loss.output_chars
@@ -400,7 +442,12 @@ fn check(turns: &[Turn], knobs: &Knobs) -> Result<(), TestCaseError> {
             .map(|(_, item)| item.chars())
             .sum();
         if protected_chars <= budget {
-            prop_assert!(loss.budget_met, "{} of {} protected, not met", protected_chars, budget);
+            prop_assert!(
+                loss.budget_met,
+                "{} of {} protected, not met",
+                protected_chars,
+                budget
+            );
         }
     }
     Ok(())

@@ -32,32 +32,54 @@ async fn old_tool_output_is_pruned_and_arguments_clipped_with_headers() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
     let proxy = TestProxy::start(AGENT_POLICY, &upstream.url()).await;
     let body = agent_body();
-    let answer = send(post_json(&proxy.url("/v1/chat/completions"), body.to_string())).await;
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
     assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
 
     let sent = upstream.last().json();
     let messages = sent["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 4, "pruning and clipping fit: nothing dropped");
+    assert_eq!(
+        messages.len(),
+        4,
+        "pruning and clipping fit: nothing dropped"
+    );
     let original = body["messages"][2]["content"].as_str().unwrap();
     let pruned = messages[2]["content"].as_str().unwrap();
     assert_eq!(messages[2]["tool_call_id"], "call_1");
-    assert!(pruned.starts_with(&original[..50]) && pruned.ends_with(&original[original.len() - 50..]));
+    assert!(
+        pruned.starts_with(&original[..50]) && pruned.ends_with(&original[original.len() - 50..])
+    );
     let omitted = original.chars().count() - 100;
     assert!((1_000..1_000_000).contains(&omitted));
-    let marker = format!("[… {},{:03} chars omitted …]", omitted / 1000, omitted % 1000);
+    let marker = format!(
+        "[… {},{:03} chars omitted …]",
+        omitted / 1000,
+        omitted % 1000
+    );
     assert!(pruned.contains(&marker), "{pruned}");
-    let args: serde_json::Value =
-        serde_json::from_str(messages[1]["tool_calls"][0]["function"]["arguments"].as_str().unwrap())
-            .unwrap();
+    let args: serde_json::Value = serde_json::from_str(
+        messages[1]["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(args["path"], "a.rs");
-    assert!(args["content"].as_str().unwrap().starts_with(&"y".repeat(40)));
+    assert!(args["content"]
+        .as_str()
+        .unwrap()
+        .starts_with(&"y".repeat(40)));
 
     let header = |name| answer.header(name).unwrap().parse::<usize>().unwrap();
     assert_eq!(
         header("x-compaction-pruned-chars"),
         original.chars().count() - pruned.chars().count()
     );
-    let clipped_args = messages[1]["tool_calls"][0]["function"]["arguments"].as_str().unwrap();
+    let clipped_args = messages[1]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap();
     let original_args = body["messages"][1]["tool_calls"][0]["function"]["arguments"]
         .as_str()
         .unwrap();
@@ -87,6 +109,10 @@ async fn below_every_trigger_the_body_goes_as_it_came() {
         .as_array_mut()
         .unwrap()
         .push(json!({"role": "user", "content": "and again"}));
-    let answer = send(post_json(&proxy.url("/v1/chat/completions"), longer.to_string())).await;
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        longer.to_string(),
+    ))
+    .await;
     assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
 }
