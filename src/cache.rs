@@ -172,7 +172,14 @@ mod tests {
         let store = CheckpointStore::new(64 * 1024);
         for key in 0..100_000u128 {
             let state = ReplayState {
-                entries: vec![crate::compaction::stable::Entry { index: 0, kept: 1 }; 32],
+                entries: vec![
+                    crate::compaction::stable::Entry {
+                        index: 0,
+                        kept: 1,
+                        ..Default::default()
+                    };
+                    32
+                ],
                 replayed: 32,
                 turn: None,
             };

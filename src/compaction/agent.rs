@@ -196,6 +196,11 @@ pub fn omission_marker(omitted: usize) -> String {
     format!("[… {} chars omitted …]", thousands(omitted))
 }
 
+/// The text that stands for a tool result repeating call `of`'s.
+pub fn duplicate_marker(of: &str) -> String {
+    format!("[same output as tool call {of}]")
+}
+
 /// `18204` as `18,204`.
 fn thousands(n: usize) -> String {
     let digits = n.to_string();
@@ -398,7 +403,7 @@ pub fn run(
                 });
                 if let Some(&(k, _)) = found {
                     let of = items[k].answers.clone().unwrap_or_default();
-                    let text = format!("[same output as tool call {of}]");
+                    let text = duplicate_marker(&of);
                     let before = char_count(&items[i].text);
                     let after = char_count(&text);
                     if after < before {

@@ -10,7 +10,8 @@
 //! 3. **mode**: `exact` runs the agent passes ([`agent`]: tool dedupe,
 //!    prune, clip) and then the engine on the whole conversation, each
 //!    stopping once it fits; `stable` replays it so each turn extends the
-//!    previous one ([`stable`]; the agent passes do not run there yet).
+//!    previous one ([`stable`]; the agent passes run only when the form is
+//!    re-compacted, never on a turn that only appends).
 //! 4. **format rules** ([`crate::format::Format::repair`]): what the API
 //!    requires of the survivors (a Messages conversation starts with a user
 //!    turn).
@@ -149,6 +150,7 @@ pub fn compact(
         }
         crate::config::Mode::Stable => {
             let replayed = stable::replay(parsed, policy, checkpoints);
+            edits = replayed.edits;
             let plan = changes(&replayed.plan, conversation.items.len()).then_some(replayed.plan);
             (plan, Some(replayed.info))
         }

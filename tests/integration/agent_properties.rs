@@ -507,3 +507,142 @@ fn the_passes_run_on_a_long_agent_conversation() {
     let loss = compaction::compact(&parsed, &policy, &NoCheckpoints).loss;
     assert!(loss.clipped_chars > 0, "{loss:?}");
 }
+
+/// Checkpoints in a map: the accelerator stable mode may use.
+#[derive(Default)]
+struct MapCheckpoints(
+    std::sync::Mutex<HashMap<u128, std::sync::Arc<compaction::stable::ReplayState>>>,
+);
+
+impl compaction::stable::Checkpoints for MapCheckpoints {
+    fn get(&self, key: u128) -> Option<std::sync::Arc<compaction::stable::ReplayState>> {
+        self.0.lock().unwrap().get(&key).cloned()
+    }
+    fn put(&self, key: u128, state: std::sync::Arc<compaction::stable::ReplayState>) {
+        self.0.lock().unwrap().insert(key, state);
+    }
+}
+
+/// The messages forwarded for `messages` in stable mode.
+fn stable_turn(
+    messages: &[Value],
+    policy: &CompiledPolicy,
+    checkpoints: &dyn compaction::stable::Checkpoints,
+) -> (Vec<Value>, compaction::Compacted) {
+    let body = body_text(messages);
+    let parsed = Format::Chat.parse(body.as_bytes(), usize::MAX).unwrap();
+    let compacted = compaction::compact(&parsed, policy, checkpoints);
+    let out = match &compacted.plan {
+        Some(plan) => parsed.splice(plan),
+        None => body.clone(),
+    };
+    let value: Value = serde_json::from_str(&out).expect("forwarded body is JSON");
+    (value["messages"].as_array().unwrap().clone(), compacted)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..config() })]
+
+    /// Stable mode with the agent passes, turn by turn (each request ends
+    /// where the next assistant message starts): a turn that does not
+    /// re-compact forwards the previous turn's messages as a prefix, every
+    /// forwarded call is answered and its arguments parse, and checkpoints
+    /// change nothing.
+    #[test]
+    fn stable_turns_with_agent_passes_extend_the_previous_form(
+        turns in prop::collection::vec(turn(), 10..30),
+        budget_permille in 100usize..600,
+    ) {
+        let messages = build(&turns);
+        let whole = Format::Chat
+            .parse(body_text(&messages).as_bytes(), usize::MAX)
+            .unwrap()
+            .total_chars();
+        let mut engine = Policy::with_budget(whole * budget_permille / 1000);
+        engine.keep_last_n = 2;
+        let mut policy = CompiledPolicy::plain("stable-agent", engine);
+        policy.mode = compaction_proxy::config::Mode::Stable;
+        policy.agent = AgentPolicy {
+            max_tool_result_chars: 200,
+            max_arg_chars: 100,
+            prune_minimum_chars: 0,
+            protect_tool_chars: 2_000,
+            excluded_tools: vec![EXCLUDED.into()],
+            ..AgentPolicy::DEFAULT
+        };
+        let cuts: Vec<usize> = (1..messages.len())
+            .filter(|&i| messages[i]["role"] == "assistant")
+            .chain([messages.len()])
+            .collect();
+        let warm = MapCheckpoints::default();
+        let mut previous: Option<Vec<Value>> = None;
+        for &cut in &cuts {
+            let (forwarded, compacted) = stable_turn(&messages[..cut], &policy, &warm);
+            let (cold, _) = stable_turn(&messages[..cut], &policy, &NoCheckpoints);
+            prop_assert_eq!(&forwarded, &cold, "checkpoints changed the result at {}", cut);
+            let info = compacted.stable.expect("stable mode reports");
+            if let Some(before) = &previous {
+                if !info.rebased {
+                    prop_assert!(
+                        forwarded.len() >= before.len() && forwarded[..before.len()] == before[..],
+                        "turn ending at {} did not extend the previous form", cut
+                    );
+                }
+            }
+            let answered: HashSet<&str> = messages[..cut]
+                .iter()
+                .filter_map(|m| m["tool_call_id"].as_str())
+                .collect();
+            let kept_calls: HashSet<String> =
+                forwarded.iter().flat_map(call_ids).map(|(id, _, _)| id).collect();
+            for (id, _, args) in forwarded.iter().flat_map(call_ids) {
+                prop_assert!(serde_json::from_str::<Value>(&args).is_ok());
+                if answered.contains(id.as_str()) {
+                    prop_assert!(forwarded.iter().any(|m| m["tool_call_id"] == id.as_str()));
+                }
+            }
+            for m in &forwarded {
+                if let Some(id) = m["tool_call_id"].as_str() {
+                    prop_assert!(kept_calls.contains(id), "orphan result {}", id);
+                }
+            }
+            previous = Some(forwarded);
+        }
+    }
+}
+
+#[test]
+fn stable_mode_runs_the_passes_when_it_re_compacts() {
+    let mut turns = Vec::new();
+    for k in 0..30 {
+        turns.push(Turn::Tools(vec![CallSpec {
+            tool: k % 2,
+            arg_words: 300,
+            result: Some(ResultSpec {
+                words: 600,
+                error: false,
+                as_parts: false,
+                repeat: false,
+            }),
+        }]));
+    }
+    let messages = build(&turns);
+    let whole = Format::Chat
+        .parse(body_text(&messages).as_bytes(), usize::MAX)
+        .unwrap()
+        .total_chars();
+    let mut engine = Policy::with_budget(whole / 3);
+    engine.keep_last_n = 2;
+    let mut policy = CompiledPolicy::plain("stable-agent", engine);
+    policy.mode = compaction_proxy::config::Mode::Stable;
+    policy.agent = AgentPolicy {
+        max_tool_result_chars: 200,
+        prune_minimum_chars: 0,
+        ..AgentPolicy::DEFAULT
+    };
+    let (_, compacted) = stable_turn(&messages, &policy, &NoCheckpoints);
+    let loss = compacted.loss;
+    assert!(compacted.stable.unwrap().recompactions > 0);
+    assert!(loss.pruned_chars > 0 && loss.clipped_chars > 0, "{loss:?}");
+    assert!(loss.budget_met, "{loss:?}");
+}
