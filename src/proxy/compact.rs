@@ -19,10 +19,21 @@ use crate::format::{Format, Skip};
 use crate::outcome::{Outcome, Status};
 use crate::policy::{CompiledPolicy, Resolution, Runtime};
 
-/// Bodies up to this size are decided on the async worker. Measured with
-/// the load bench: below it, the hand-off to the blocking pool (two thread
-/// wake-ups) costs more than parsing and compacting.
+/// Bodies up to this size are decided on the async worker: below it, the
+/// hand-off to the blocking pool (two thread wake-ups) costs more than
+/// parsing and compacting.
 pub const INLINE_BODY_BYTES: usize = 64 * 1024;
+/// A body no longer than its budget in bytes fits it for sure (a char is
+/// at least one byte), so only a parse and count is left: done on the async
+/// worker up to this size.
+pub const INLINE_FITTING_BODY_BYTES: usize = 1024 * 1024;
+
+/// Whether deciding this body is cheap enough for the async worker.
+fn decide_inline(raw: &[u8], coding: Coding, policy: &CompiledPolicy) -> bool {
+    coding == Coding::Identity
+        && (raw.len() <= INLINE_BODY_BYTES
+            || (raw.len() <= INLINE_FITTING_BODY_BYTES && raw.len() <= policy.engine.budget_chars))
+}
 
 /// What to forward, and what the loss report says.
 pub(super) struct Decided {
@@ -67,7 +78,7 @@ pub(super) async fn decide(
         messages: runtime.config.server.max_messages,
     };
     let format = resolution.format;
-    let computed = if raw.len() <= INLINE_BODY_BYTES && coding == Coding::Identity {
+    let computed = if decide_inline(&raw, coding, &resolution.policy) {
         let started = Instant::now();
         let result = compute(state, &resolution.policy, format, &raw, coding, limits);
         Ok((result, started.elapsed().as_secs_f64()))

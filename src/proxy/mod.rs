@@ -4,17 +4,22 @@
 //! 2. **admin** ([`crate::admin`]): `/healthz`, `/readyz`, `/metrics` and
 //!    `/v1/memory-compact` are answered here, never forwarded.
 //! 3. **route + policy** ([`crate::policy::Runtime::resolve`]): the first
-//!    matching route's policy, overridden by a configured tenant's.
-//!    Unmatched requests are forwarded untouched, body streamed.
+//!    matching route's policy and body format, the policy overridden by a
+//!    configured tenant's. Unmatched requests are forwarded untouched, body
+//!    streamed.
 //! 4. **collect** ([`body`]): a POST on a matched route is collected up to
 //!    `max_body_bytes` (413 past it, nothing forwarded); gzip/deflate is
 //!    decoded under the same cap in step 5.
-//! 5. **compact** ([`compact`], over [`crate::openai`], [`crate::engine`]
-//!    and [`crate::cache`]): `messages` is compacted under the policy on the
-//!    blocking pool; anything not compactable is forwarded as received and
-//!    marked `skipped`.
-//! 6. **forward** ([`forward`]): hop-by-hop headers stripped, Host set for
-//!    the upstream; 502 if unreachable, 504 without headers in time.
+//! 5. **compact** ([`compact`]): the route's [`crate::format`] parses the
+//!    body into the neutral conversation, [`crate::compaction`] plans what
+//!    survives (pins, then the engine in exact mode or the stable replay),
+//!    and the format splices the plan back into the original bytes. Small
+//!    bodies are decided on the async worker, large ones on the blocking
+//!    pool; repeated bodies come from [`crate::cache`]. Anything not
+//!    compactable is forwarded as received and marked `skipped`.
+//! 6. **forward** ([`upstream`]): hop-by-hop headers stripped, Host set for
+//!    the upstream; 502 if unreachable, 504 without headers in time, each
+//!    in the error shape of the route's format.
 //! 7. **stream back** ([`body::Watched`]): the response goes back frame by
 //!    frame with the loss report headers ([`headers`]), cut after an idle
 //!    timeout; a departing client drops the upstream request. A protocol
@@ -24,7 +29,7 @@
 
 pub mod body;
 pub mod compact;
-pub mod forward;
+pub mod upstream;
 pub mod headers;
 pub mod server;
 
@@ -44,7 +49,7 @@ use crate::format::Format;
 use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
 use crate::policy::{Resolution, Runtime};
 use body::{BodyEnd, ProxyBody};
-use forward::Upstream;
+use upstream::Upstream;
 
 /// State shared by all requests. The runtime (config and policies) is
 /// swapped whole on reload; each request holds the one it started with.
@@ -333,7 +338,7 @@ async fn forward(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    parts.uri = forward::target(&runtime.upstream, &path_and_query);
+    parts.uri = upstream::target(&runtime.upstream, &path_and_query);
     parts.version = http::Version::HTTP_11;
     // A protocol upgrade (WebSocket): both sides' connections are joined
     // once the upstream agrees.

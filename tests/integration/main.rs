@@ -18,3 +18,4 @@ mod proxy_tls;
 mod proxy_transparency;
 mod proxy_upgrade;
 mod sdk_openai;
+mod stable_mode;
