@@ -142,6 +142,8 @@ mod tests {
                 pruned_chars: 0,
                 clipped_chars: 0,
                 deduped_tool_chars: 0,
+                input_tokens: None,
+                output_tokens: None,
             },
             rewritten: Some(Bytes::from_static(b"{}")),
             stable: None,

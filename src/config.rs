@@ -197,6 +197,19 @@ pub struct PolicyConfig {
     /// Compact only at or above this many messages (0 = no message trigger).
     #[serde(default)]
     pub trigger_messages: usize,
+    /// Compact only at or above this many tokens (0 = no token trigger).
+    #[serde(default)]
+    pub trigger_tokens: usize,
+    /// A token budget beside `budget_chars` (0 = none; exact mode).
+    #[serde(default)]
+    pub budget_tokens: usize,
+    /// The encoding for models the token table does not know.
+    #[serde(default = "default_tokenizer_fallback")]
+    pub tokenizer_fallback: String,
+}
+
+fn default_tokenizer_fallback() -> String {
+    "o200k_base".into()
 }
 
 fn default_stable_target_ratio() -> f64 {
@@ -265,6 +278,9 @@ impl PolicyConfig {
             eligible_tools: Vec::new(),
             trigger_chars: 0,
             trigger_messages: 0,
+            trigger_tokens: 0,
+            budget_tokens: 0,
+            tokenizer_fallback: default_tokenizer_fallback(),
         }
     }
 
@@ -281,6 +297,7 @@ impl PolicyConfig {
             eligible_tools: self.eligible_tools.clone(),
             trigger_chars: self.trigger_chars,
             trigger_messages: self.trigger_messages,
+            trigger_tokens: self.trigger_tokens,
         }
     }
 

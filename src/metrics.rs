@@ -61,6 +61,9 @@ pub struct LossSummary {
     pub pruned_chars: usize,
     pub clipped_chars: usize,
     pub deduped_tool_chars: usize,
+    /// Tokens in and out, when the policy has a token budget.
+    pub input_tokens: Option<usize>,
+    pub output_tokens: Option<usize>,
 }
 
 impl LossSummary {
@@ -78,6 +81,8 @@ impl LossSummary {
             pruned_chars: 0,
             clipped_chars: 0,
             deduped_tool_chars: 0,
+            input_tokens: None,
+            output_tokens: None,
         }
     }
 
@@ -102,6 +107,8 @@ impl LossSummary {
             pruned_chars: 0,
             clipped_chars: 0,
             deduped_tool_chars: 0,
+            input_tokens: None,
+            output_tokens: None,
         }
     }
 }
@@ -456,6 +463,8 @@ mod tests {
                 pruned_chars: 0,
                 clipped_chars: 0,
                 deduped_tool_chars: 0,
+                input_tokens: None,
+                output_tokens: None,
             }),
             compaction_seconds: Some(0.001),
             upstream_status: Some(200),

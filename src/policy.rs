@@ -13,6 +13,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
 use crate::compaction::agent::AgentPolicy;
+use crate::compaction::tokens::Encoding;
 use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig};
 use crate::engine::Policy;
 use crate::format::Format;
@@ -21,7 +22,7 @@ use crate::format::Format;
 pub const OTHER_TENANT: &str = "other";
 
 /// A policy ready to apply.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CompiledPolicy {
     /// Unique per compilation: a reloaded policy of the same name is a
     /// different policy, so outcomes cached under the old one never apply.
@@ -38,6 +39,10 @@ pub struct CompiledPolicy {
     pub stable_head_ratio: f64,
     /// Tool-result pruning, argument clipping, tool dedupe and triggers.
     pub agent: crate::compaction::agent::AgentPolicy,
+    /// A token budget beside the char budget (exact mode).
+    pub budget_tokens: Option<usize>,
+    /// The encoding for models the token table does not know.
+    pub tokenizer_fallback: Encoding,
 }
 
 fn next_policy_id() -> u64 {
@@ -60,6 +65,8 @@ impl CompiledPolicy {
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
             agent: crate::compaction::agent::AgentPolicy::OFF,
+            budget_tokens: None,
+            tokenizer_fallback: Encoding::O200kBase,
         }
     }
 }
@@ -404,6 +411,19 @@ fn compile_policy(
             ),
         ));
     }
+    let tokenizer_fallback = Encoding::parse(&p.tokenizer_fallback);
+    if tokenizer_fallback.is_none() {
+        problems.push((
+            "tokenizer_fallback",
+            "must be \"o200k_base\" or \"cl100k_base\"".to_owned(),
+        ));
+    }
+    if (p.budget_tokens > 0 || p.trigger_tokens > 0) && p.mode == Mode::Stable {
+        problems.push((
+            "budget_tokens",
+            "token budgets and triggers apply in exact mode only".to_owned(),
+        ));
+    }
     for tool in &p.excluded_tools {
         if p.eligible_tools.contains(tool) {
             problems.push((
@@ -429,6 +449,8 @@ fn compile_policy(
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,
             agent: p.agent_policy(),
+            budget_tokens: (p.budget_tokens > 0).then_some(p.budget_tokens),
+            tokenizer_fallback: tokenizer_fallback.unwrap_or(Encoding::O200kBase),
         }),
         _ => Err(problems),
     }

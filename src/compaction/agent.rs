@@ -49,6 +49,7 @@ pub struct AgentPolicy {
     /// 0 = no trigger of this kind.
     pub trigger_chars: usize,
     pub trigger_messages: usize,
+    pub trigger_tokens: usize,
 }
 
 impl AgentPolicy {
@@ -66,6 +67,7 @@ impl AgentPolicy {
         eligible_tools: Vec::new(),
         trigger_chars: 0,
         trigger_messages: 0,
+        trigger_tokens: 0,
     };
 
     /// Every pass off and no trigger: the engine alone.
@@ -80,6 +82,7 @@ impl AgentPolicy {
         eligible_tools: Vec::new(),
         trigger_chars: 0,
         trigger_messages: 0,
+        trigger_tokens: 0,
     };
 
     /// The least a pruned result or clipped value keeps, so head and tail
@@ -88,12 +91,15 @@ impl AgentPolicy {
 
     /// Whether any trigger is reached (or none is set). Below every set
     /// trigger a request goes as it came, even over its budget.
-    pub fn triggered(&self, conversation: &Conversation) -> bool {
-        if self.trigger_chars == 0 && self.trigger_messages == 0 {
+    /// `tokens` counts the conversation's tokens, asked only when a token
+    /// trigger is set.
+    pub fn triggered(&self, conversation: &Conversation, tokens: impl FnOnce() -> usize) -> bool {
+        if self.trigger_chars == 0 && self.trigger_messages == 0 && self.trigger_tokens == 0 {
             return true;
         }
         (self.trigger_chars > 0 && conversation.total_chars() >= self.trigger_chars)
             || (self.trigger_messages > 0 && conversation.items.len() >= self.trigger_messages)
+            || (self.trigger_tokens > 0 && tokens() >= self.trigger_tokens)
     }
 
     fn touches(&self, tool: Option<&str>) -> bool {
@@ -713,23 +719,23 @@ mod tests {
     #[test]
     fn triggers_gate_compaction() {
         let c = conversation(vec![Item::new(Role::User, "x".repeat(100))]);
-        assert!(AgentPolicy::DEFAULT.triggered(&c), "no trigger set");
+        assert!(AgentPolicy::DEFAULT.triggered(&c, || 0), "no trigger set");
         let p = AgentPolicy {
             trigger_chars: 101,
             trigger_messages: 2,
             ..AgentPolicy::DEFAULT
         };
-        assert!(!p.triggered(&c));
+        assert!(!p.triggered(&c, || 0));
         assert!(AgentPolicy {
             trigger_chars: 100,
             ..p.clone()
         }
-        .triggered(&c));
+        .triggered(&c, || 0));
         assert!(AgentPolicy {
             trigger_messages: 1,
             ..p
         }
-        .triggered(&c));
+        .triggered(&c, || 0));
     }
 
     #[test]

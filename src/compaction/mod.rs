@@ -21,6 +21,7 @@
 
 pub mod agent;
 pub mod stable;
+pub mod tokens;
 
 use crate::engine::{self, Kept, Message, Report};
 use crate::format::{Conversation, Format, Parsed, Plan, Planned};
@@ -124,7 +125,18 @@ pub fn compact(
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
     let total = conversation.total_chars();
-    let triggered = policy.agent.triggered(conversation);
+    let needs_tokens = policy.budget_tokens.is_some() || policy.agent.trigger_tokens > 0;
+    let encoding = needs_tokens
+        .then(|| tokens::Encoding::for_model(parsed.model().as_deref(), policy.tokenizer_fallback));
+    let input_tokens = std::cell::OnceCell::new();
+    let count_input =
+        || *input_tokens.get_or_init(|| encoding.map_or(0, |e| e.conversation(conversation)));
+    let triggered = policy.agent.triggered(conversation, count_input);
+    if let (Some(budget_tokens), Some(encoding), crate::config::Mode::Exact) =
+        (policy.budget_tokens, encoding, policy.mode)
+    {
+        return compact_to_tokens(parsed, policy, encoding, budget_tokens, triggered);
+    }
     let mut edits = agent::AgentEdits::default();
     let (plan, stable) = match policy.mode {
         crate::config::Mode::Exact => {
@@ -164,6 +176,78 @@ pub fn compact(
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
     Compacted { plan, loss, stable }
+}
+
+/// Exact mode under a token budget beside the char budget: the char
+/// pipeline runs at a char budget scaled by the conversation's chars per
+/// token, tightened until the forwarded tokens fit too (a few rounds).
+fn compact_to_tokens(
+    parsed: &Parsed,
+    policy: &CompiledPolicy,
+    encoding: tokens::Encoding,
+    budget_tokens: usize,
+    triggered: bool,
+) -> Compacted {
+    let conversation = &parsed.conversation;
+    let total = conversation.total_chars();
+    let budget = policy.engine.budget_chars;
+    let input_tokens = encoding.conversation(conversation);
+    let with_tokens = |mut loss: LossSummary, output_tokens: usize| {
+        loss.budget_met = loss.budget_met && output_tokens <= budget_tokens;
+        loss.input_tokens = Some(input_tokens);
+        loss.output_tokens = Some(output_tokens);
+        loss
+    };
+    if (total <= budget && input_tokens <= budget_tokens) || !triggered {
+        let loss = LossSummary::unchanged_within(total, conversation.items.len(), budget);
+        return Compacted {
+            plan: None,
+            loss: with_tokens(loss, input_tokens),
+            stable: None,
+        };
+    }
+    let scaled = |chars: usize, tokens: usize| {
+        (chars as u128 * budget_tokens as u128 / tokens.max(1) as u128) as usize
+    };
+    let mut chars_budget = if input_tokens > budget_tokens {
+        budget.min(scaled(total, input_tokens))
+    } else {
+        budget
+    };
+    let mut round = policy.clone();
+    let mut best = None;
+    for _ in 0..6 {
+        round.engine.budget_chars = chars_budget;
+        let (plan, edits) = if total <= chars_budget {
+            (None, agent::AgentEdits::default())
+        } else {
+            run_passes(parsed, &round)
+        };
+        let plan = plan.map(|mut plan| {
+            parsed.format.repair(conversation, &mut plan);
+            plan
+        });
+        let output_tokens = plan
+            .as_ref()
+            .map_or(input_tokens, |p| encoding.plan(conversation, p));
+        let loss = match &plan {
+            Some(plan) => loss_with_passes(conversation, plan, budget, &edits),
+            None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
+        };
+        let done = output_tokens <= budget_tokens || chars_budget == 0;
+        best = Some(Compacted {
+            plan,
+            loss: with_tokens(loss, output_tokens),
+            stable: None,
+        });
+        if done {
+            break;
+        }
+        // Aim a little under: the chars per token of what is left differ.
+        let next = scaled(chars_budget, output_tokens) * 97 / 100;
+        chars_budget = next.min(chars_budget.saturating_sub(1));
+    }
+    best.expect("at least one round")
 }
 
 /// Exact mode: the agent passes, then the engine on what they left, each
@@ -275,6 +359,8 @@ pub fn loss_with_passes(
         pruned_chars: pruned,
         clipped_chars: clipped,
         deduped_tool_chars: deduped,
+        input_tokens: None,
+        output_tokens: None,
     }
 }
 

@@ -113,6 +113,10 @@ pub fn write_loss_report(
             "x-compaction-deduped-tool-chars",
             loss.deduped_tool_chars.to_string(),
         );
+        if let (Some(input), Some(output)) = (loss.input_tokens, loss.output_tokens) {
+            set("x-compaction-input-tokens", input.to_string());
+            set("x-compaction-output-tokens", output.to_string());
+        }
     }
 }
 

@@ -29,9 +29,9 @@
 
 pub mod body;
 pub mod compact;
-pub mod upstream;
 pub mod headers;
 pub mod server;
+pub mod upstream;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};

@@ -128,3 +128,37 @@ fn the_agent_fixture_at_half_size_keeps_more_messages_with_the_passes() {
     }
     assert!(eager.loss.pruned_chars > 0);
 }
+
+#[test]
+fn fixture_token_counts_equal_tiktoken() {
+    use compaction_proxy::compaction::tokens::Encoding;
+    let body = std::fs::read_to_string(FIXTURE).unwrap();
+    let value: Value = serde_json::from_str(&body).unwrap();
+    let parsed = Format::Chat.parse(body.as_bytes(), usize::MAX).unwrap();
+    let bpe = tiktoken_rs::o200k_base_singleton();
+    let count = |s: &str| bpe.encode_ordinary(s).len();
+    let mut expected = 0;
+    for m in value["messages"].as_array().unwrap() {
+        match &m["content"] {
+            Value::String(text) => expected += count(text),
+            // Text parts count as their text joined, as the model joins them.
+            Value::Array(parts) => {
+                let joined: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+                expected += count(&joined);
+            }
+            _ => {}
+        }
+        for call in m["tool_calls"].as_array().into_iter().flatten() {
+            expected += count(call["function"]["name"].as_str().unwrap());
+            expected += count(call["function"]["arguments"].as_str().unwrap());
+        }
+    }
+    let model = parsed.model();
+    assert_eq!(model.as_deref(), Some("gpt-4o-mini"));
+    let encoding = Encoding::for_model(model.as_deref(), Encoding::Cl100kBase);
+    assert_eq!(encoding, Encoding::O200kBase);
+    assert_eq!(encoding.conversation(&parsed.conversation), expected);
+    // Warm: the same counts from the cache.
+    assert_eq!(encoding.conversation(&parsed.conversation), expected);
+    eprintln!("agent-150-turns: {expected} o200k_base tokens");
+}

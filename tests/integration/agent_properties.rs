@@ -171,6 +171,7 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                         },
                         trigger_chars: 0,
                         trigger_messages: 0,
+                        trigger_tokens: 0,
                     },
                 }
             },

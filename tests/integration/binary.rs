@@ -433,6 +433,7 @@ max_tool_result_chars = 3
 max_arg_chars = 2
 excluded_tools = ["bash"]
 eligible_tools = ["bash"]
+tokenizer_fallback = "p50k_base"
 "#,
     );
     assert_check_config_reports(
@@ -443,6 +444,7 @@ eligible_tools = ["bash"]
             "policies.agent.max_tool_result_chars",
             "policies.agent.max_arg_chars",
             "policies.agent.eligible_tools",
+            "policies.agent.tokenizer_fallback",
         ],
     );
 }

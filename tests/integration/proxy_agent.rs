@@ -116,3 +116,46 @@ async fn below_every_trigger_the_body_goes_as_it_came() {
     .await;
     assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
 }
+
+fn o200k(text: &str) -> usize {
+    tiktoken_rs::o200k_base_singleton()
+        .encode_ordinary(text)
+        .len()
+}
+
+#[tokio::test]
+async fn a_token_budget_is_met_and_reported() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[policies.default]\nbudget_chars = 200000\nbudget_tokens = 300\nkeep_last_n = 1\npin_first_user = false\n",
+        &upstream.url(),
+    )
+    .await;
+    let texts: Vec<String> = (0..12)
+        .map(|k| format!("Message {k}: the payment retry loop needs a bounded budget. ").repeat(8))
+        .collect();
+    let messages: Vec<serde_json::Value> = texts
+        .iter()
+        .map(|t| json!({"role": "user", "content": t}))
+        .collect();
+    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    let input: usize = texts.iter().map(|t| o200k(t)).sum();
+    let header = |name| answer.header(name).unwrap().parse::<usize>().unwrap();
+    assert_eq!(header("x-compaction-input-tokens"), input);
+    let sent = upstream.last().json();
+    let output: usize = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| o200k(m["content"].as_str().unwrap()))
+        .sum();
+    assert_eq!(header("x-compaction-output-tokens"), output);
+    assert!(output <= 300, "{output}");
+    assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
+}
