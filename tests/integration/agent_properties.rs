@@ -647,3 +647,90 @@ fn stable_mode_runs_the_passes_when_it_re_compacts() {
     assert!(loss.pruned_chars > 0 && loss.clipped_chars > 0, "{loss:?}");
     assert!(loss.budget_met, "{loss:?}");
 }
+
+/// The passes on the other formats: Anthropic's inline `input` objects and
+/// `tool_result` blocks, Responses' `function_call` / `function_call_output`.
+#[test]
+fn the_passes_splice_into_anthropic_and_responses_bodies() {
+    let output = filler(7, 400);
+    let content = filler(8, 300);
+    let policy = |total: usize| {
+        let mut engine = Policy::with_budget(total / 3);
+        engine.keep_last_n = 1;
+        let mut p = CompiledPolicy::plain("formats", engine);
+        p.agent = AgentPolicy {
+            max_tool_result_chars: 100,
+            max_arg_chars: 50,
+            protect_tool_chars: 0,
+            prune_minimum_chars: 0,
+            ..AgentPolicy::DEFAULT
+        };
+        p
+    };
+    let anthropic = json!({"model": "claude", "system": "be brief", "messages": [
+        {"role": "user", "content": "Task: write the file."},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Writing."},
+            {"type": "tool_use", "id": "tu_1", "name": "write_file", "input": {"path": "a.rs", "content": content}}
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "tu_1", "content": [{"type": "text", "text": output}]}
+        ]},
+        {"role": "user", "content": "Now test it."}
+    ]});
+    let responses = json!({"model": "gpt-5", "input": [
+        {"role": "user", "content": "Task: write the file."},
+        {"type": "function_call", "call_id": "fc_1", "name": "write_file",
+         "arguments": json!({"path": "a.rs", "content": content}).to_string()},
+        {"type": "function_call_output", "call_id": "fc_1", "output": output},
+        {"role": "user", "content": "Now test it."}
+    ]});
+    for (format, body, array) in [
+        (Format::Anthropic, anthropic, "messages"),
+        (Format::Responses, responses, "input"),
+    ] {
+        let text = body.to_string();
+        let parsed = format.parse(text.as_bytes(), usize::MAX).unwrap();
+        let p = policy(parsed.total_chars());
+        let compacted = compaction::compact(&parsed, &p, &NoCheckpoints);
+        let loss = compacted.loss;
+        assert!(
+            loss.pruned_chars > 0 && loss.clipped_chars > 0,
+            "{format}: {loss:?}"
+        );
+        assert_eq!(loss.dropped_messages, 0, "{format}: {loss:?}");
+        let out: Value = serde_json::from_str(&parsed.splice(&compacted.plan.unwrap())).unwrap();
+        let items = out[array].as_array().unwrap();
+        assert_eq!(items.len(), 4, "{format}");
+        let (args, result) = match format {
+            Format::Anthropic => (
+                items[1]["content"][1]["input"].clone(),
+                items[2]["content"][0]["content"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            ),
+            _ => (
+                serde_json::from_str(items[1]["arguments"].as_str().unwrap()).unwrap(),
+                items[2]["output"].as_str().unwrap().to_owned(),
+            ),
+        };
+        assert_eq!(args["path"], "a.rs", "{format}");
+        assert!(
+            args["content"].as_str().unwrap().contains("chars omitted"),
+            "{format}"
+        );
+        assert!(
+            result.contains("chars omitted") && result.len() < output.len(),
+            "{format}"
+        );
+        assert_eq!(
+            loss.output_chars,
+            format
+                .parse(serde_json::to_string(&out).unwrap().as_bytes(), usize::MAX)
+                .unwrap()
+                .total_chars(),
+            "{format}"
+        );
+    }
+}
