@@ -121,6 +121,9 @@ pub struct Metrics {
     dropped_messages: IntCounterVec,
     trimmed_messages: IntCounterVec,
     budget_missed: IntCounterVec,
+    pass_chars: IntCounterVec,
+    input_tokens: IntCounterVec,
+    output_tokens: IntCounterVec,
     retained_ratio: HistogramVec,
     compaction_duration: HistogramVec,
     upstream_duration: HistogramVec,
@@ -131,13 +134,16 @@ pub struct Metrics {
 
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms).
-pub const FAMILIES: [&str; 12] = [
+pub const FAMILIES: [&str; 15] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
     "compaction_proxy_dropped_messages_total",
     "compaction_proxy_trimmed_messages_total",
     "compaction_proxy_budget_missed_total",
+    "compaction_proxy_pass_chars_total",
+    "compaction_proxy_input_tokens_total",
+    "compaction_proxy_output_tokens_total",
     "compaction_proxy_retained_ratio",
     "compaction_proxy_compaction_duration_seconds",
     "compaction_proxy_upstream_duration_seconds",
@@ -201,6 +207,21 @@ impl Metrics {
             budget_missed: counter(
                 "budget_missed_total",
                 "Requests still over budget after compaction (protected messages exceed it).",
+                LOSS_LABELS,
+            ),
+            pass_chars: counter(
+                "pass_chars_total",
+                "Chars the agent passes removed from forwarded messages, by pass (pruned, clipped, deduped_tool).",
+                &["route", "policy", "tenant", "pass"],
+            ),
+            input_tokens: counter(
+                "input_tokens_total",
+                "Message tokens received (policies with a token budget).",
+                LOSS_LABELS,
+            ),
+            output_tokens: counter(
+                "output_tokens_total",
+                "Message tokens forwarded (policies with a token budget).",
                 LOSS_LABELS,
             ),
             retained_ratio: histogram(
@@ -369,6 +390,26 @@ impl RequestEvent {
                 .trimmed_messages
                 .with_label_values(&labels)
                 .inc_by(loss.trimmed_messages as u64);
+            for (pass, chars) in [
+                ("pruned", loss.pruned_chars),
+                ("clipped", loss.clipped_chars),
+                ("deduped_tool", loss.deduped_tool_chars),
+            ] {
+                metrics
+                    .pass_chars
+                    .with_label_values(&[labels[0], labels[1], labels[2], pass])
+                    .inc_by(chars as u64);
+            }
+            if let (Some(input), Some(output)) = (loss.input_tokens, loss.output_tokens) {
+                metrics
+                    .input_tokens
+                    .with_label_values(&labels)
+                    .inc_by(input as u64);
+                metrics
+                    .output_tokens
+                    .with_label_values(&labels)
+                    .inc_by(output as u64);
+            }
             // Created at 0 on the first request of a label set, so the series
             // exists (and rates read 0, not "no data") before any miss.
             let missed = metrics.budget_missed.with_label_values(&labels);
@@ -463,8 +504,8 @@ mod tests {
                 pruned_chars: 0,
                 clipped_chars: 0,
                 deduped_tool_chars: 0,
-                input_tokens: None,
-                output_tokens: None,
+                input_tokens: Some(5),
+                output_tokens: Some(3),
             }),
             compaction_seconds: Some(0.001),
             upstream_status: Some(200),
