@@ -8,9 +8,21 @@
 use std::sync::OnceLock;
 
 use moka::sync::Cache;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 use crate::format::{Conversation, Item, Plan};
+
+/// A count from the process-wide cache, or `count` stored there.
+fn cached(key: u64, count: impl FnOnce() -> usize) -> usize {
+    static CACHE: OnceLock<Cache<u64, u32>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Cache::new(1 << 16));
+    if let Some(n) = cache.get(&key) {
+        return n as usize;
+    }
+    let n = count();
+    cache.insert(key, u32::try_from(n).unwrap_or(u32::MAX));
+    n
+}
 
 /// A BPE encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,25 +92,35 @@ impl Encoding {
         if text.len() < 64 {
             return self.count(text);
         }
-        static CACHE: OnceLock<Cache<u64, u32>> = OnceLock::new();
-        let cache = CACHE.get_or_init(|| Cache::new(1 << 16));
         let key = xxh3_64_with_seed(text.as_bytes(), self as u64);
-        if let Some(n) = cache.get(&key) {
-            return n as usize;
-        }
-        let n = self.count(text);
-        cache.insert(key, u32::try_from(n).unwrap_or(u32::MAX));
-        n
+        cached(key, || self.count(text))
     }
 
-    /// Tokens of an item: its text, tool-call names and arguments.
+    /// Tokens of an item: its text, tool-call names and arguments. One
+    /// cache entry per item (keyed by the hash of all its parts), so a warm
+    /// turn costs a hash and a lookup per message.
     pub fn item(self, item: &Item) -> usize {
-        self.count_cached(&item.text)
-            + item
-                .tool_calls
+        let count = || {
+            self.count(&item.text)
+                + item
+                    .tool_calls
+                    .iter()
+                    .map(|c| self.count(&c.name) + self.count(&c.arguments))
+                    .sum::<usize>()
+        };
+        if item.text.len() < 64 && item.tool_calls.is_empty() {
+            return count();
+        }
+        let mut hasher = Xxh3::with_seed(self as u64 + 1);
+        for part in std::iter::once(item.text.as_str()).chain(
+            item.tool_calls
                 .iter()
-                .map(|c| self.count_cached(&c.name) + self.count_cached(&c.arguments))
-                .sum::<usize>()
+                .flat_map(|c| [c.name.as_str(), c.arguments.as_str()]),
+        ) {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part.as_bytes());
+        }
+        cached(hasher.digest(), count)
     }
 
     /// Tokens of a conversation. Text outside the compacted array is known
