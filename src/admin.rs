@@ -76,13 +76,32 @@ async fn compact_report(
     if !is_json {
         return Err(ProxyError::UnsupportedMediaType);
     }
-    let limit = state.runtime().config.server.max_body_bytes;
-    let bytes = body::collect_limited(request.into_body(), limit).await?;
-    let parsed = memory_compact::parse(&bytes)?;
-    let report = parsed.compact();
-    Ok(serde_json::to_vec(&report)
-        .expect("reports serialise")
-        .into())
+    // No valid request is larger than the schema allows: a bigger body is
+    // refused on its Content-Length, or as soon as it passes the bound.
+    let mut limits = body::limits(&state.runtime().config.server);
+    limits.max_bytes = limits.max_bytes.min(memory_compact::MAX_BODY_BYTES);
+    let (parts, request_body) = request.into_parts();
+    let collected = body::collect_request(&parts, request_body, limits, &state.buffers).await?;
+    // Parsing and the engine cost CPU in proportion to the body: off the
+    // async workers, under the proxy path's one-compaction-per-core bound.
+    let permit = state
+        .compactions
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the compaction semaphore is never closed");
+    let computed = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let parsed = memory_compact::parse(&collected.bytes)?;
+        drop(collected);
+        let report = parsed.compact();
+        Ok::<_, ProxyError>(serde_json::to_vec(&report).expect("reports serialise"))
+    })
+    .await;
+    match computed {
+        Ok(report) => Ok(report?.into()),
+        Err(e) => Err(ProxyError::Internal(e.to_string())),
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {

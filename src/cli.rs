@@ -250,8 +250,11 @@ async fn shutdown_signal() {
 const CONFIG_POLL: Duration = Duration::from_secs(1);
 
 /// Reloads the configuration on SIGHUP and when the config file changes
-/// (polled: cheap, and it sees Kubernetes' ConfigMap symlink swaps). A bad
-/// file is refused with its problems logged; the configuration in force stays.
+/// (polled: cheap, and it sees Kubernetes' ConfigMap symlink swaps). A
+/// changed file is read only once it has stopped changing (the same
+/// modification time and size on two polls in a row), so a rewrite is not
+/// caught halfway. A bad or blank file is refused with its problems
+/// logged; the configuration in force stays.
 async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Overrides) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
@@ -267,6 +270,8 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
             .map(|m| (m.modified().ok(), m.len()))
     };
     let mut seen = args.config.as_ref().map(fingerprint);
+    // A change seen on the last poll, reloaded if the next sees it unchanged.
+    let mut settling = None;
     let mut poll = tokio::time::interval(CONFIG_POLL);
     loop {
         let reason = tokio::select! {
@@ -274,40 +279,20 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
             _ = poll.tick() => {
                 let now = args.config.as_ref().map(fingerprint);
                 if now == seen {
+                    settling = None;
+                    continue;
+                }
+                if settling.as_ref() != Some(&now) {
+                    settling = Some(now);
                     continue;
                 }
                 seen = now;
+                settling = None;
                 "config file changed"
             }
         };
-        match load(args.config.as_ref(), &overrides) {
+        match reload(&state.runtime(), args.config.as_ref(), &overrides) {
             Ok(runtime) => {
-                let current = state.runtime();
-                let restart_only = [
-                    ("server.listen", runtime.listen != current.listen),
-                    (
-                        "upstream.connect_timeout_secs",
-                        runtime.config.upstream.connect_timeout_secs
-                            != current.config.upstream.connect_timeout_secs,
-                    ),
-                    (
-                        "upstream.ca_file",
-                        runtime.config.upstream.ca_file != current.config.upstream.ca_file,
-                    ),
-                    (
-                        "cache.max_bytes",
-                        runtime.config.cache.max_bytes != current.config.cache.max_bytes,
-                    ),
-                    (
-                        "server.log_format",
-                        runtime.config.server.log_format != current.config.server.log_format,
-                    ),
-                ];
-                for (key, changed) in restart_only {
-                    if changed {
-                        tracing::warn!(key, "changed; it takes effect on restart only");
-                    }
-                }
                 tracing::info!(
                     reason,
                     policies = runtime.config.policies.len(),
@@ -320,4 +305,75 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
             }
         }
     }
+}
+
+/// The configuration a reload puts in force after `current`: the file
+/// read once, refused when blank (a truncated file would otherwise reload
+/// the embedded defaults, upstream included), and with every restart-only
+/// setting kept as it is, each change logged. The upstream is one of them:
+/// clients' credentials must never follow a file edit to another host.
+pub fn reload(
+    current: &Runtime,
+    file: Option<&PathBuf>,
+    overrides: &Overrides,
+) -> Result<Runtime, ConfigErrors> {
+    let text = file.map(|p| config::read_file(p)).transpose()?;
+    if let (Some(path), Some(text)) = (file, &text) {
+        if config::is_blank(text) {
+            return Err(ConfigErrors::one(
+                "",
+                format!(
+                    "{} sets nothing (empty, or comments only); an empty file is never reloaded",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    let mut runtime = Runtime::new(config::load_text(
+        text.as_deref(),
+        std::env::vars(),
+        overrides,
+    )?)?;
+    let (new, old) = (&runtime.config, &current.config);
+    let restart_only = [
+        ("server.listen", runtime.listen != current.listen),
+        ("upstream.url", runtime.upstream != current.upstream),
+        (
+            "upstream.connect_timeout_secs",
+            new.upstream.connect_timeout_secs != old.upstream.connect_timeout_secs,
+        ),
+        (
+            "upstream.ca_file",
+            new.upstream.ca_file != old.upstream.ca_file,
+        ),
+        (
+            "cache.max_bytes",
+            new.cache.max_bytes != old.cache.max_bytes,
+        ),
+        (
+            "server.log_format",
+            new.server.log_format != old.server.log_format,
+        ),
+        (
+            "server.header_read_timeout_secs",
+            new.server.header_read_timeout_secs != old.server.header_read_timeout_secs,
+        ),
+        (
+            "server.keep_alive_timeout_secs",
+            new.server.keep_alive_timeout_secs != old.server.keep_alive_timeout_secs,
+        ),
+        (
+            "server.max_connections",
+            new.server.max_connections != old.server.max_connections,
+        ),
+    ];
+    for (key, changed) in restart_only {
+        if changed {
+            tracing::warn!(key, "changed; it takes effect on restart only");
+        }
+    }
+    // The values in force stay visible as they are (check-config, logs).
+    runtime.upstream = current.upstream.clone();
+    runtime.config.upstream.url = current.config.upstream.url.clone();
+    Ok(runtime)
 }

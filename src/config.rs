@@ -51,6 +51,23 @@ pub struct ServerConfig {
     pub shutdown_delay_secs: f64,
     pub shutdown_grace_secs: f64,
     pub log_format: LogFormat,
+    /// A client must finish a request's header lines within this long
+    /// (HTTP/1). hyper also runs this timer while an HTTP/1 connection
+    /// waits for its next request, so it bounds keep-alive idleness too.
+    pub header_read_timeout_secs: f64,
+    /// A request body that sends nothing for this long is answered 408;
+    /// a collected one is never forwarded.
+    pub body_idle_timeout_secs: f64,
+    /// A connection with no request in flight for this long is closed
+    /// (HTTP/1 and HTTP/2).
+    pub keep_alive_timeout_secs: f64,
+    /// Client connections served at once; further ones wait in the
+    /// listen backlog until one closes. Keep it under half of `ulimit -n`:
+    /// each client connection may hold an upstream connection too.
+    pub max_connections: usize,
+    /// Request bytes held in memory across all requests being collected
+    /// and forwarded; past it new bodies get 503 with Retry-After.
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +79,11 @@ impl Default for ServerConfig {
             shutdown_delay_secs: 0.0,
             shutdown_grace_secs: 30.0,
             log_format: LogFormat::Text,
+            header_read_timeout_secs: 20.0,
+            body_idle_timeout_secs: 30.0,
+            keep_alive_timeout_secs: 15.0,
+            max_connections: 1024,
+            max_buffered_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -387,11 +409,35 @@ pub fn load(
     env: impl IntoIterator<Item = (String, String)>,
     overrides: &Overrides,
 ) -> Result<Config, ConfigErrors> {
+    let text = file.map(read_file).transpose()?;
+    load_text(text.as_deref(), env, overrides)
+}
+
+/// The text of a configuration file.
+pub fn read_file(path: &Path) -> Result<String, ConfigErrors> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ConfigErrors::one("", format!("cannot read {}: {e}", path.display())))
+}
+
+/// Whether a configuration file's text sets nothing (blank, or comments
+/// only): what a truncated file or a rewrite caught halfway looks like.
+pub fn is_blank(text: &str) -> bool {
+    text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#')
+    })
+}
+
+/// [`load`] with the file's text already read (a reload checks the text
+/// it then loads, not a second read of a file that may have changed).
+pub fn load_text(
+    file_text: Option<&str>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &Overrides,
+) -> Result<Config, ConfigErrors> {
     let mut figment = Figment::new().merge(Toml::string(DEFAULT_TOML));
-    if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigErrors::one("", format!("cannot read {}: {e}", path.display())))?;
-        figment = figment.merge(Toml::string(&text));
+    if let Some(text) = file_text {
+        figment = figment.merge(Toml::string(text));
     }
     let (env_layer, mut problems) = env_provider(env);
     figment = figment.merge(env_layer);
@@ -612,6 +658,14 @@ fn section<T: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_of_blanks_and_comments_sets_nothing() {
+        assert!(is_blank(""));
+        assert!(is_blank("\n   \n# upstream moved\n  # nothing else\n"));
+        assert!(!is_blank("[server]\n"));
+        assert!(!is_blank("# comment\nx = 1"));
+    }
 
     fn load_str(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
         let dir = std::env::temp_dir().join(format!(

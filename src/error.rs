@@ -29,8 +29,20 @@ pub enum ProxyError {
     UpstreamUnreachable(String),
     #[error("upstream sent no response headers within {0} seconds")]
     UpstreamTimeout(f64),
-    #[error("the request body stopped moving for {0} seconds (a stalled client, or an upstream no longer reading)")]
+    #[error("the request body stopped moving for {0} seconds (an upstream no longer reading)")]
     TransferStalled(f64),
+    #[error("the client sent no request body bytes for {0} seconds")]
+    BodyTimeout(f64),
+    #[error("the proxy holds too many request bodies right now; retry shortly")]
+    Overloaded,
+    #[error("CONNECT is not supported: this is a reverse proxy, not a forward proxy")]
+    ConnectNotSupported,
+    #[error("the request target must be an absolute path (origin-form) or an absolute URI")]
+    BadRequestTarget,
+    #[error("transfer coding {0:?} is not supported; only chunked is")]
+    UnsupportedTransferCoding(String),
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl ProxyError {
@@ -39,8 +51,15 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::ClientBody(_)
             | ProxyError::BadEncoding { .. }
-            | ProxyError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
-            ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            | ProxyError::InvalidRequest(_)
+            | ProxyError::BadRequestTarget => StatusCode::BAD_REQUEST,
+            ProxyError::MethodNotAllowed(_) | ProxyError::ConnectNotSupported => {
+                StatusCode::METHOD_NOT_ALLOWED
+            }
+            ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
@@ -70,6 +89,12 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::TransferStalled(_) => "transfer_stalled",
+            ProxyError::BodyTimeout(_) => "body_timeout",
+            ProxyError::Overloaded => "proxy_overloaded",
+            ProxyError::ConnectNotSupported => "method_not_allowed",
+            ProxyError::BadRequestTarget => "invalid_request_target",
+            ProxyError::UnsupportedTransferCoding(_) => "unsupported_transfer_coding",
+            ProxyError::Internal(_) => "internal_error",
         }
     }
 
@@ -79,6 +104,8 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. } => "body-too-large",
             ProxyError::ClientBody(_) => "body-unreadable",
+            ProxyError::BodyTimeout(_) => "body-timeout",
+            ProxyError::Overloaded => "overloaded",
             _ => "refused",
         }
     }
@@ -103,10 +130,32 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let ProxyError::MethodNotAllowed(_) = self {
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        let headers = response.headers_mut();
+        match self {
+            ProxyError::MethodNotAllowed(_) => {
+                headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            ProxyError::ConnectNotSupported => {
+                headers.insert(
+                    header::ALLOW,
+                    HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+                );
+            }
+            // Buffers free up as requests in flight finish.
+            ProxyError::Overloaded => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        // After these the connection's remaining input cannot be trusted
+        // (a stalled or unframed body): close it rather than keep it alive.
+        if matches!(
+            self,
+            ProxyError::BodyTimeout(_)
+                | ProxyError::UnsupportedTransferCoding(_)
+                | ProxyError::BadRequestTarget
+        ) {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
@@ -121,7 +170,8 @@ fn anthropic_error_type(status: StatusCode) -> &'static str {
         413 => "request_too_large",
         429 => "rate_limit_error",
         504 => "timeout_error",
-        529 => "overloaded_error",
+        // Ours is a 503 (full buffers); Anthropic's own overload is a 529.
+        503 | 529 => "overloaded_error",
         s if (400..500).contains(&s) => "invalid_request_error",
         _ => "api_error",
     }
@@ -171,12 +221,32 @@ mod tests {
     }
 
     #[test]
+    fn full_buffers_tell_every_client_to_retry() {
+        for format in [
+            crate::format::Format::Chat,
+            crate::format::Format::Anthropic,
+        ] {
+            let r = ProxyError::Overloaded.to_response_in(format);
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        }
+        let r = ProxyError::Overloaded.to_response_in(crate::format::Format::Anthropic);
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["error"]["type"], "overloaded_error");
+    }
+
+    #[test]
     fn every_error_has_an_openai_shaped_body() {
         let errors = [
             ProxyError::BodyTooLarge { limit: 10 },
             ProxyError::UpstreamUnreachable("connection refused".into()),
             ProxyError::UpstreamTimeout(1.5),
             ProxyError::MethodNotAllowed(http::Method::GET),
+            ProxyError::BodyTimeout(30.0),
+            ProxyError::Overloaded,
+            ProxyError::ConnectNotSupported,
+            ProxyError::BadRequestTarget,
+            ProxyError::UnsupportedTransferCoding("gzip, chunked".into()),
         ];
         for e in errors {
             let r = e.to_response();

@@ -17,6 +17,11 @@ const KEEP_LAST_N: (u64, u64) = (0, 50);
 const MAX_KEEP_ROLES: usize = 4;
 const DUPLICATE_THRESHOLD: (f64, f64) = (0.5, 1.0);
 const MAX_MESSAGE_CHARS: (u64, u64) = (80, 4000);
+/// The largest body a valid request can be when written as plain UTF-8
+/// (up to 4 bytes a char), with room for each message's keys, quoting and
+/// indentation: about 6.4 MiB. Anything larger is refused unread (413).
+pub const MAX_BODY_BYTES: usize =
+    MAX_MESSAGES * (MAX_CONTENT_CHARS * 4 + MAX_ID_CHARS * 4 + 1024) + 4096;
 /// The roles this API accepts (the proxy accepts more).
 const API_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 

@@ -168,6 +168,16 @@ impl Runtime {
         if config.server.max_messages == 0 {
             problem("server.max_messages".into(), "must be at least 1".into());
         }
+        if config.server.max_connections == 0 {
+            problem("server.max_connections".into(), "must be at least 1".into());
+        }
+        if config.server.max_buffered_bytes < config.server.max_body_bytes {
+            problem(
+                "server.max_buffered_bytes".into(),
+                "must be at least server.max_body_bytes, or no body of the allowed size fits"
+                    .into(),
+            );
+        }
         for (key, value) in [
             (
                 "server.shutdown_delay_secs",
@@ -197,6 +207,18 @@ impl Runtime {
             (
                 "upstream.idle_timeout_secs",
                 config.upstream.idle_timeout_secs,
+            ),
+            (
+                "server.header_read_timeout_secs",
+                config.server.header_read_timeout_secs,
+            ),
+            (
+                "server.body_idle_timeout_secs",
+                config.server.body_idle_timeout_secs,
+            ),
+            (
+                "server.keep_alive_timeout_secs",
+                config.server.keep_alive_timeout_secs,
             ),
         ] {
             if !(value > 0.0 && value.is_finite()) {

@@ -142,12 +142,15 @@ pub fn coding_agent(turns: usize, seed: u64, scale: usize) -> (Vec<Value>, Vec<u
         }
         history.push(json!({"role": "assistant", "content": null, "tool_calls": tool_calls}));
         history.extend(results);
+        ends.push(history.len());
         if turn % 25 == 0 {
+            // The model answers the tool results in words; the user follows
+            // up: one more request.
             let (answer, follow_up) = (rng.range(200, 600), rng.range(100, 400));
             history.push(json!({"role": "assistant", "content": rng.words(answer)}));
             history.push(json!({"role": "user", "content": rng.words(follow_up)}));
+            ends.push(history.len());
         }
-        ends.push(history.len());
     }
     (history, ends)
 }

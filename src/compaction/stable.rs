@@ -290,14 +290,22 @@ pub(crate) fn previous_turn_end(conversation: &Conversation) -> usize {
     else {
         return 0;
     };
-    // The start of the assistant's unit (a reasoning item may open it).
+    // The start of the assistant's unit (a reasoning item may open it),
+    // and of the assistant items right before it: one model turn can be
+    // several items (a Responses turn: reasoning, a message, then calls).
     let mut start = last;
-    if let Some(g) = items[last].group {
-        while start > 0 && items[start - 1].group == Some(g) {
+    loop {
+        if let Some(g) = items[start].group {
+            while start > 0 && items[start - 1].group == Some(g) {
+                start -= 1;
+            }
+        }
+        if start > 0 && items[start - 1].role == engine::Role::Assistant {
             start -= 1;
+        } else {
+            return start;
         }
     }
-    start
 }
 
 /// The fixed parts of one replay.

@@ -15,8 +15,10 @@
 //! - `thinking` and `redacted_thinking` count as fixed chars and are kept
 //!   byte for byte with their signatures, inside their assistant turn;
 //! - `cache_control` markers are breakpoints: a marker on a block that goes
-//!   moves to the nearest kept block before it (or, with none before, the
-//!   first kept after), and never onto a block that has one.
+//!   moves to the nearest kept block before it that has none (or, with
+//!   none before, the nearest after), so their number stays the same unless
+//!   every block left has one; never onto a thinking block (the API refuses
+//!   it there, and its bytes are signed).
 //!
 //! Any other block type is refused (`unsupported-message`).
 
@@ -215,10 +217,12 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
                         }
                         "thinking" => {
                             item.fixed_chars += b.thinking.as_deref().map_or(0, char_count);
+                            w.unmarkable.push(element);
                             others += 1;
                         }
                         "redacted_thinking" => {
                             item.fixed_chars += b.data.as_deref().map_or(0, char_count);
+                            w.unmarkable.push(element);
                             others += 1;
                         }
                         kind if MEDIA_BLOCKS.contains(&kind) => others += 1,
@@ -428,6 +432,77 @@ mod tests {
             out["messages"].as_array().unwrap().last().unwrap()["content"][0]["cache_control"],
             marker
         );
+    }
+
+    #[test]
+    fn a_moved_cache_control_never_lands_on_a_thinking_block() {
+        let marker = json!({"type": "ephemeral"});
+        let thinking = json!({"type": "thinking", "thinking": "plan", "signature": "sig"});
+        let body = json!({
+            "messages": [
+                {"role": "user", "content": "task"},
+                {"role": "assistant", "content": [{"type": "text", "text": long("old"), "cache_control": marker}]},
+                {"role": "user", "content": long("older")},
+                {"role": "assistant", "content": [thinking, {"type": "text", "text": "ok"}]},
+                {"role": "user", "content": "last"}
+            ]
+        });
+        let out = compact(&body, 60, 2).expect("compacted");
+        let kept = &out["messages"][1]["content"];
+        assert_eq!(kept[0], thinking, "{out}");
+        assert_eq!(kept[1]["cache_control"], marker, "{out}");
+    }
+
+    #[test]
+    fn a_moved_cache_control_skips_blocks_that_have_one_so_none_is_lost() {
+        let marker = json!({"type": "ephemeral"});
+        let image = json!({"type": "image", "source": {"type": "url", "url": "https://x/a.png"}});
+        let body = json!({
+            "messages": [
+                {"role": "user", "content": "task"},
+                {"role": "assistant", "content": [{"type": "text", "text": long("old"), "cache_control": marker}]},
+                {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": marker}, image]}
+            ]
+        });
+        let out = compact(&body, 60, 1).expect("compacted");
+        assert_eq!(out["messages"].as_array().unwrap().len(), 2, "{out}");
+        let kept = &out["messages"][1]["content"];
+        assert_eq!(kept[0]["cache_control"], marker, "{out}");
+        assert_eq!(kept[1]["cache_control"], marker, "{out}");
+    }
+
+    #[test]
+    fn dropping_a_leading_tool_round_never_leaves_an_assistant_first() {
+        let mut tool_use = Item::new(Role::Assistant, "");
+        tool_use.group = Some(1);
+        let mut tool_result = Item::new(Role::Tool, "result");
+        tool_result.group = Some(1);
+        let conversation = Conversation {
+            items: vec![
+                Item::new(Role::User, "task"),
+                tool_use,
+                tool_result,
+                Item::new(Role::Assistant, "done"),
+                Item::new(Role::User, "next"),
+            ],
+            outside_chars: 0,
+        };
+        let plan_of = |indices: &[usize]| crate::format::Plan {
+            items: indices
+                .iter()
+                .map(|&i| crate::format::Planned::verbatim(i))
+                .collect(),
+        };
+        let mut plan = plan_of(&[1, 2, 3, 4]);
+        Format::Anthropic.repair(&conversation, &mut plan);
+        assert_eq!(plan, plan_of(&[4]));
+        // Only assistant turns survived: the last user message is the request.
+        let mut plan = plan_of(&[1, 3]);
+        Format::Anthropic.repair(&conversation, &mut plan);
+        assert_eq!(plan, plan_of(&[4]));
+        let mut plan = plan_of(&[]);
+        Format::Anthropic.repair(&conversation, &mut plan);
+        assert_eq!(plan, plan_of(&[4]));
     }
 
     #[test]

@@ -330,6 +330,20 @@ mod tests {
     }
 
     #[test]
+    fn a_model_turn_of_reasoning_a_message_and_calls_is_one_turn() {
+        let c = parse(&json!({"input": [
+            {"role": "user", "content": "read it"},
+            {"type": "reasoning", "id": "r1", "summary": []},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Reading."}]},
+            {"type": "function_call", "call_id": "a", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "a", "output": "AAA"}
+        ]}))
+        .unwrap();
+        // The previous request was the user's message alone.
+        assert_eq!(crate::compaction::stable::previous_turn_end(&c), 1);
+    }
+
+    #[test]
     fn server_state_and_string_input() {
         assert_eq!(
             parse(&json!({"previous_response_id": "resp_1", "input": []})).unwrap_err(),

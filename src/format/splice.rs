@@ -66,6 +66,9 @@ pub(crate) struct WireItem<'a> {
     pub arrays: Vec<Vec<Range<usize>>>,
     /// Breakpoint markers on the item's elements.
     pub markers: Vec<Marker<'a>>,
+    /// Elements a moved marker must not land on, because the API refuses
+    /// them there or their bytes must stay as they came (thinking blocks).
+    pub unmarkable: Vec<ElementRef>,
     /// Tool-call argument strings, one per tool call of the item, in order
     /// (`None` for a call whose arguments cannot be replaced, such as a
     /// custom tool's free-form input), so a plan's call position finds its
@@ -138,6 +141,11 @@ fn removal_ranges(spans: &[Range<usize>], removed: &[bool]) -> Vec<Range<usize>>
 }
 
 impl WireItem<'_> {
+    /// Where element `e` starts in the body.
+    fn start_of(&self, e: ElementRef) -> usize {
+        self.arrays[e.array][e.index].start
+    }
+
     /// The item's text as the engine sees it: its text pieces joined.
     pub fn text(&self) -> String {
         self.texts.iter().map(|t| t.text.as_ref()).collect()
@@ -188,17 +196,16 @@ impl Parsed<'_> {
     pub fn splice(&self, plan: &Plan) -> String {
         let body = self.body;
         let mut written: Vec<Written> = Vec::with_capacity(plan.items.len());
-        // A marker whose element goes away moves to the nearest element kept
-        // before it, so the client's cache breakpoints keep working; one
-        // with nothing kept before it goes to the first element kept after.
-        let mut last_kept: Option<(usize, ElementRef)> = None;
-        let mut unplaced: Vec<&str> = Vec::new();
+        // Markers whose element goes away, with where that element sat.
+        let mut displaced: Vec<(usize, &str)> = Vec::new();
         let mut planned = plan.items.iter().peekable();
         for (index, wire) in self.wire.iter().enumerate() {
             if !matches!(planned.peek(), Some(p) if p.index == index) {
-                for m in &wire.markers {
-                    place(&mut written, last_kept, &mut unplaced, m.value);
-                }
+                displaced.extend(
+                    wire.markers
+                        .iter()
+                        .map(|m| (wire.start_of(m.element), m.value)),
+                );
                 continue;
             }
             let p = planned.next().expect("peeked");
@@ -215,32 +222,15 @@ impl Parsed<'_> {
                     item.edits.replace(span.clone(), value);
                 }
             }
-            let kept = item.kept_elements(wire);
-            let w = written.len();
-            written.push(item);
-            if let Some(first) = kept.first() {
-                for value in unplaced.drain(..) {
-                    written[w].add_marker(wire, *first, value);
-                }
-            }
-            for m in &wire.markers {
-                if !written[w].removed[m.element.array][m.element.index] {
-                    continue;
-                }
-                let start = wire.arrays[m.element.array][m.element.index].start;
-                let before = kept
+            displaced.extend(
+                wire.markers
                     .iter()
-                    .rev()
-                    .find(|e| wire.arrays[e.array][e.index].start < start);
-                match before {
-                    Some(e) => written[w].add_marker(wire, *e, m.value),
-                    None => place(&mut written, last_kept, &mut unplaced, m.value),
-                }
-            }
-            if let Some(e) = kept.last() {
-                last_kept = Some((w, *e));
-            }
+                    .filter(|m| item.removed[m.element.array][m.element.index])
+                    .map(|m| (wire.start_of(m.element), m.value)),
+            );
+            written.push(item);
         }
+        self.place_markers(&mut written, displaced);
 
         let mut out = String::with_capacity(body.len());
         out.push_str(&body[..self.array_span.start]);
@@ -256,18 +246,35 @@ impl Parsed<'_> {
         out.push_str(&body[self.array_span.end..]);
         out
     }
-}
 
-/// Puts a displaced marker on the last kept element, or keeps it for the next.
-fn place<'a>(
-    written: &mut [Written<'a>],
-    last_kept: Option<(usize, ElementRef)>,
-    unplaced: &mut Vec<&'a str>,
-    value: &'a str,
-) {
-    match last_kept {
-        Some((w, e)) => written[w].pending_markers.push((e, value)),
-        None => unplaced.push(value),
+    /// Moves each displaced marker to the nearest kept element before where
+    /// it sat that has none (or, with none before, the nearest after), so
+    /// the client's cache breakpoints keep working and keep their number;
+    /// a marker is lost only when every element left already has one.
+    fn place_markers<'a>(&self, written: &mut [Written<'a>], mut displaced: Vec<(usize, &'a str)>) {
+        if displaced.is_empty() {
+            return;
+        }
+        // Kept elements free to take a marker, in body order.
+        let mut free: Vec<(usize, usize, ElementRef)> = Vec::new();
+        for (w, item) in written.iter().enumerate() {
+            let wire = &self.wire[item.index];
+            for e in item.kept_elements(wire) {
+                if !wire.markers.iter().any(|m| m.element == e) {
+                    free.push((wire.start_of(e), w, e));
+                }
+            }
+        }
+        free.sort_by_key(|(start, ..)| *start);
+        displaced.sort_by_key(|(start, _)| *start);
+        for (start, value) in displaced {
+            let before = free.iter().rposition(|(s, ..)| *s < start);
+            let Some(at) = before.or_else(|| free.iter().position(|(s, ..)| *s > start)) else {
+                return; // every element left carries one
+            };
+            let (_, w, e) = free.remove(at);
+            written[w].pending_markers.push((e, value));
+        }
     }
 }
 
@@ -316,6 +323,7 @@ impl<'a> Written<'a> {
         }
     }
 
+    /// The kept elements a moved marker may land on, in body order.
     fn kept_elements(&self, wire: &WireItem) -> Vec<ElementRef> {
         let mut kept: Vec<ElementRef> = wire
             .arrays
@@ -324,14 +332,10 @@ impl<'a> Written<'a> {
             .flat_map(|(a, spans)| {
                 (0..spans.len()).map(move |index| ElementRef { array: a, index })
             })
-            .filter(|e| !self.removed[e.array][e.index])
+            .filter(|e| !self.removed[e.array][e.index] && !wire.unmarkable.contains(e))
             .collect();
         kept.sort_by_key(|e| wire.arrays[e.array][e.index].start);
         kept
-    }
-
-    fn add_marker(&mut self, _wire: &WireItem, e: ElementRef, value: &'a str) {
-        self.pending_markers.push((e, value));
     }
 
     /// All edits: text, removals and moved markers (at most one per element,

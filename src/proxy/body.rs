@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::ProxyError;
@@ -26,18 +26,306 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed_unsync()
 }
 
-/// Reads a whole request body of at most `limit` bytes.
-pub async fn collect_limited<B>(body: B, limit: usize) -> Result<Bytes, ProxyError>
+/// Request bytes held in memory across all requests: bodies being
+/// collected and collected bodies until they are forwarded. Each body
+/// holds a [`Reservation`] for the capacity of its buffer; the bytes come
+/// back when it is dropped (the request finished, or the client left).
+#[derive(Debug, Default)]
+pub struct BufferBudget {
+    held: AtomicUsize,
+    /// The most ever held at once (for tests and for operators' sizing).
+    peak: AtomicUsize,
+}
+
+impl BufferBudget {
+    pub fn new() -> Arc<Self> {
+        Arc::new(BufferBudget::default())
+    }
+
+    /// Bytes held right now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// The most bytes ever held at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Acquire)
+    }
+
+    /// Takes `bytes` more if the total stays within `max`.
+    fn take(&self, bytes: usize, max: usize) -> bool {
+        let mut held = self.held.load(Ordering::Acquire);
+        loop {
+            let Some(next) = held.checked_add(bytes).filter(|&n| n <= max) else {
+                return false;
+            };
+            match self
+                .held
+                .compare_exchange_weak(held, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(next, Ordering::AcqRel);
+                    return true;
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+}
+
+/// One body's share of the [`BufferBudget`], given back on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<BufferBudget>,
+    bytes: usize,
+    max: usize,
+}
+
+impl Reservation {
+    pub fn empty(budget: &Arc<BufferBudget>, max: usize) -> Self {
+        Reservation {
+            budget: budget.clone(),
+            bytes: 0,
+            max,
+        }
+    }
+
+    /// Grows the share to `bytes`; false (and unchanged) past the budget.
+    fn grow_to(&mut self, bytes: usize) -> bool {
+        if bytes <= self.bytes {
+            return true;
+        }
+        if !self.budget.take(bytes - self.bytes, self.max) {
+            return false;
+        }
+        self.bytes = bytes;
+        true
+    }
+
+    /// Counts `bytes` whatever the budget: memory already allocated.
+    fn force_to(&mut self, bytes: usize) {
+        if bytes > self.bytes {
+            let more = bytes - self.bytes;
+            let now = self.budget.held.fetch_add(more, Ordering::AcqRel) + more;
+            self.budget.peak.fetch_max(now, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A collected request body and its share of the buffer budget.
+#[derive(Debug)]
+pub struct Collected {
+    pub bytes: Bytes,
+    pub hold: Reservation,
+}
+
+/// The bounds on collecting one request body.
+#[derive(Debug, Clone, Copy)]
+pub struct CollectLimits {
+    /// The most bytes the body may have (413 past it).
+    pub max_bytes: usize,
+    /// The longest the client may send nothing (408 past it).
+    pub idle: Duration,
+    /// The budget's bound across all requests (503 past it).
+    pub max_buffered: usize,
+}
+
+/// The first allocation for a body of unknown length; it doubles from there.
+const INITIAL_CAPACITY: usize = 8 * 1024;
+
+/// Reads a whole request body into one buffer that grows by doubling (never
+/// one allocation per frame: a client sending one-byte chunks costs what it
+/// sends, not a frame header per byte), counting its capacity against
+/// `budget`. A body declaring its length gets its buffer at once.
+pub async fn collect_limited<B>(
+    body: &mut B,
+    limits: CollectLimits,
+    budget: &Arc<BufferBudget>,
+) -> Result<Collected, ProxyError>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
+    let limit = limits.max_bytes;
+    let mut hold = Reservation::empty(budget, limits.max_buffered);
+    let hint = body.size_hint();
+    if hint.lower() > limit as u64 {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let declared = hint.exact().map(|n| n as usize);
+    let first = declared.unwrap_or(INITIAL_CAPACITY).min(limit);
+    if !hold.grow_to(first) {
+        return Err(ProxyError::Overloaded);
+    }
+    let mut buffer: Vec<u8> = Vec::with_capacity(first);
+    // One timer for the whole body, moved on only when it fires: a timer
+    // per frame would cost more than the frame for small chunks.
+    let mut last_frame = Instant::now();
+    let mut idle = std::pin::pin!(tokio::time::sleep(limits.idle));
+    loop {
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            () = &mut idle => {
+                if last_frame.elapsed() >= limits.idle {
+                    return Err(ProxyError::BodyTimeout(limits.idle.as_secs_f64()));
+                }
+                idle.as_mut().reset(last_frame + limits.idle);
+                continue;
+            }
+        };
+        last_frame = Instant::now();
+        let frame = match frame {
+            None => break,
+            Some(Err(e)) => return Err(ProxyError::ClientBody(e.into().to_string())),
+            Some(Ok(frame)) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: not part of the body
+        };
+        let needed = buffer.len() + data.len();
+        if needed > limit {
+            return Err(ProxyError::BodyTooLarge { limit });
         }
-        Err(e) => Err(ProxyError::ClientBody(e.to_string())),
+        if needed > buffer.capacity() {
+            let grown = needed.max(buffer.capacity() * 2).min(limit);
+            if !hold.grow_to(grown) {
+                return Err(ProxyError::Overloaded);
+            }
+            buffer.reserve_exact(grown - buffer.len());
+        }
+        buffer.extend_from_slice(&data);
+    }
+    // What the allocator gave may exceed what was asked; count it all.
+    hold.force_to(buffer.capacity());
+    Ok(Collected {
+        bytes: Bytes::from(buffer),
+        hold,
+    })
+}
+
+/// The collection bounds in force under `server`.
+pub fn limits(server: &crate::config::ServerConfig) -> CollectLimits {
+    CollectLimits {
+        max_bytes: server.max_body_bytes,
+        idle: Duration::from_secs_f64(server.body_idle_timeout_secs),
+        max_buffered: server.max_buffered_bytes,
+    }
+}
+
+/// Collects a request's body under `limits`, refusing one that declares
+/// more than `max_bytes` before reading it. A body refused for its size, or
+/// for want of buffer space, is read and discarded in the background for a
+/// while ([`linger`]) so that the client can read the refusal.
+pub async fn collect_request<B>(
+    parts: &http::request::Parts,
+    mut body: B,
+    limits: CollectLimits,
+    budget: &Arc<BufferBudget>,
+) -> Result<Collected, ProxyError>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let limit = limits.max_bytes;
+    let declared_too_large = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > limit as u64);
+    let collected = if declared_too_large {
+        Err(ProxyError::BodyTooLarge { limit })
+    } else {
+        collect_limited(&mut body, limits, budget).await
+    };
+    if let Err(ProxyError::BodyTooLarge { .. } | ProxyError::Overloaded) = &collected {
+        // HTTP/2 resets just the stream; only HTTP/1 needs the rest read.
+        if parts.version <= http::Version::HTTP_11 {
+            linger(body);
+        }
+    }
+    collected
+}
+
+/// How long and how much of a refused body is still read and thrown away
+/// before the connection closes (nginx's lingering close): a client that
+/// writes its whole body before reading (Python's urllib and most simple
+/// clients) would otherwise get a reset instead of the answer.
+pub const LINGER_TIME: Duration = Duration::from_secs(5);
+pub const LINGER_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Reads and discards the rest of a refused request body in the
+/// background, for at most [`LINGER_TIME`] and [`LINGER_BYTES`]; then drops
+/// it, which lets hyper close the connection.
+pub fn linger<B>(body: B)
+where
+    B: Body<Data = Bytes> + Send + 'static,
+{
+    if body.is_end_stream() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut body = std::pin::pin!(body);
+        let mut discarded = 0u64;
+        let drain = async {
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    discarded += data.len() as u64;
+                    if discarded > LINGER_BYTES {
+                        return;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+    });
+}
+
+/// A request body forwarded from memory, holding its share of the buffer
+/// budget until hyper's client drops it (sent, or the request abandoned).
+pub fn full_holding(bytes: Bytes, hold: Reservation) -> ProxyBody {
+    Holding {
+        inner: http_body_util::Full::new(bytes),
+        _hold: hold,
+    }
+    .boxed_unsync()
+}
+
+struct Holding {
+    inner: http_body_util::Full<Bytes>,
+    _hold: Reservation,
+}
+
+impl Body for Holding {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(|e| match e {})
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -101,6 +389,9 @@ struct ProgressState {
     /// Nanoseconds after `origin` of the last frame read, or of the start.
     last: AtomicU64,
     ended: AtomicBool,
+    /// The last poll found the client had sent nothing more: the wait is
+    /// the client's, not an upstream that stopped reading.
+    waiting_on_client: AtomicBool,
 }
 
 impl Progress {
@@ -118,6 +409,11 @@ impl Progress {
     pub fn ended(&self) -> bool {
         self.0.ended.load(Ordering::Relaxed)
     }
+
+    /// Whether the body is stuck on the client (see `waiting_on_client`).
+    pub fn waiting_on_client(&self) -> bool {
+        self.0.waiting_on_client.load(Ordering::Relaxed)
+    }
 }
 
 /// The client's request body failed (it went away mid-upload): told apart
@@ -129,10 +425,13 @@ pub struct ClientBodyError(BoxError);
 /// Wraps a request body to record its progress and mark its errors as the
 /// client's.
 pub fn track_progress(body: ProxyBody) -> (ProxyBody, Progress) {
+    // A body empty from the start (a GET) may never be polled: it has
+    // ended, so a silent upstream is not blamed on it.
     let progress = Progress(Arc::new(ProgressState {
         origin: Instant::now(),
         last: AtomicU64::new(0),
-        ended: AtomicBool::new(false),
+        ended: AtomicBool::new(body.is_end_stream()),
+        waiting_on_client: AtomicBool::new(false),
     }));
     let tracked = Tracked {
         inner: body,
@@ -158,9 +457,19 @@ impl Body for Tracked {
             Poll::Ready(Some(Err(e))) => {
                 return Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))))
             }
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => {
+                self.progress
+                    .0
+                    .waiting_on_client
+                    .store(true, Ordering::Relaxed);
+                return Poll::Pending;
+            }
             Poll::Ready(frame) => frame,
         };
+        self.progress
+            .0
+            .waiting_on_client
+            .store(false, Ordering::Relaxed);
         self.progress.touch();
         if polled.is_none() || self.inner.is_end_stream() {
             self.progress.0.ended.store(true, Ordering::Relaxed);
@@ -323,6 +632,111 @@ mod tests {
     fn corrupt_gzip_is_a_client_error() {
         let err = decode(b"not gzip", Coding::Gzip, 100).unwrap_err();
         assert!(err.is_client_error(), "{err}");
+    }
+
+    /// A body of one-byte frames with no declared length.
+    struct OneByteFrames(usize);
+
+    impl Body for OneByteFrames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            if self.0 == 0 {
+                return Poll::Ready(None);
+            }
+            self.0 -= 1;
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
+        }
+    }
+
+    fn one_byte_frames(n: usize) -> OneByteFrames {
+        OneByteFrames(n)
+    }
+
+    fn limits(max_bytes: usize, max_buffered: usize) -> CollectLimits {
+        CollectLimits {
+            max_bytes,
+            idle: Duration::from_secs(5),
+            max_buffered,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_byte_frames_fill_one_buffer_of_at_most_twice_the_body() {
+        let budget = BufferBudget::new();
+        let mut body = one_byte_frames(100_000);
+        let collected = collect_limited(&mut body, limits(1 << 20, 1 << 30), &budget)
+            .await
+            .unwrap();
+        assert_eq!(collected.bytes.len(), 100_000);
+        assert!(collected.hold.bytes() >= 100_000);
+        assert!(
+            collected.hold.bytes() <= 200_000,
+            "{}",
+            collected.hold.bytes()
+        );
+        assert_eq!(budget.held(), collected.hold.bytes());
+        drop(collected);
+        assert_eq!(budget.held(), 0, "given back on drop");
+    }
+
+    #[tokio::test]
+    async fn the_limit_counts_what_is_held_and_the_budget_what_all_hold() {
+        let budget = BufferBudget::new();
+        let mut body = one_byte_frames(1001);
+        let err = collect_limited(&mut body, limits(1000, 1 << 30), &budget)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::BodyTooLarge { limit: 1000 }));
+        assert_eq!(budget.held(), 0);
+
+        let first = collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+            .await
+            .unwrap();
+        let err = collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::Overloaded), "{err}");
+        drop(first);
+        assert!(
+            collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_is_one_allocation() {
+        let budget = BufferBudget::new();
+        let mut body = http_body_util::Full::new(Bytes::from(vec![b'a'; 5000]));
+        let collected = collect_limited(&mut body, limits(10_000, 1 << 30), &budget)
+            .await
+            .unwrap();
+        assert_eq!(collected.hold.bytes(), 5000);
+    }
+
+    #[tokio::test]
+    async fn a_silent_body_times_out() {
+        struct Silent;
+        impl http_body::Body for Silent {
+            type Data = Bytes;
+            type Error = std::convert::Infallible;
+            fn poll_frame(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+                Poll::Pending
+            }
+        }
+        let mut limits = limits(10, 10);
+        limits.idle = Duration::from_millis(20);
+        let err = collect_limited(&mut Silent, limits, &BufferBudget::new())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "body_timeout");
     }
 
     #[test]

@@ -1,15 +1,19 @@
 //! The reverse proxy. One request's path through it, in order:
 //!
-//! 1. **accept** ([`server`]): TCP with Nagle off, HTTP/1.1 or HTTP/2.
+//! 1. **accept** ([`server`]): TCP with Nagle off, HTTP/1.1 or HTTP/2, at
+//!    most `max_connections` at once, header, keep-alive and body
+//!    timeouts; `CONNECT`, targets that are not paths and transfer codings
+//!    other than chunked are refused ([`server::check_request`]).
 //! 2. **admin** ([`crate::admin`]): `/healthz`, `/readyz`, `/metrics` and
 //!    `/v1/memory-compact` are answered here, never forwarded.
 //! 3. **route + policy** ([`crate::policy::Runtime::resolve`]): the first
 //!    matching route's policy and body format, the policy overridden by a
 //!    configured tenant's. Unmatched requests are forwarded untouched, body
 //!    streamed.
-//! 4. **collect** ([`body`]): a POST on a matched route is collected up to
-//!    `max_body_bytes` (413 past it, nothing forwarded); gzip/deflate is
-//!    decoded under the same cap in step 5.
+//! 4. **collect** ([`body`]): a POST on a matched route is collected into
+//!    one buffer up to `max_body_bytes` (413 past it, nothing forwarded;
+//!    408 when it stalls), all bodies together under `max_buffered_bytes`
+//!    (503); gzip/deflate is decoded under the same cap in step 5.
 //! 5. **compact** ([`compact`]): the route's [`crate::format`] parses the
 //!    body into the neutral conversation, [`crate::compaction`] plans what
 //!    survives (pins, then the engine in exact mode or the stable replay),
@@ -48,7 +52,7 @@ use crate::error::ProxyError;
 use crate::format::Format;
 use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
 use crate::policy::{Resolution, Runtime};
-use body::{BodyEnd, ProxyBody};
+use body::{BodyEnd, Collected, ProxyBody};
 use upstream::Upstream;
 
 /// State shared by all requests. The runtime (config and policies) is
@@ -60,8 +64,11 @@ pub struct AppState {
     /// Stable mode's replay checkpoints.
     pub checkpoints: CheckpointStore,
     upstream: Upstream,
-    /// One permit per core: compactions beyond that queue (see [`compact`]).
-    compactions: Arc<tokio::sync::Semaphore>,
+    /// One permit per core: compactions beyond that queue (see [`compact`]);
+    /// `/v1/memory-compact` takes the same permits.
+    pub(crate) compactions: Arc<tokio::sync::Semaphore>,
+    /// Request bytes held in memory across all requests.
+    pub buffers: Arc<body::BufferBudget>,
     shutting_down: AtomicBool,
     /// Upgraded connections (WebSocket) still open: hyper's graceful
     /// shutdown no longer sees them, so the drain waits for them here.
@@ -82,6 +89,7 @@ impl AppState {
             compactions: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
+            buffers: body::BufferBudget::new(),
             shutting_down: AtomicBool::new(false),
             open_tunnels: AtomicUsize::new(0),
             tunnel_closed: tokio::sync::Notify::new(),
@@ -141,6 +149,11 @@ impl Drop for TunnelGuard {
 
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
+    if let Err(refused) = server::check_request(&request) {
+        tracing::warn!(method = %request.method(), code = refused.code(), "request refused: {refused}");
+        let (parts, body) = refused.to_response().into_parts();
+        return Response::from_parts(parts, body::full(body));
+    }
     let request = match crate::admin::handle(&state, request).await {
         Ok(answered) => return answered,
         Err(request) => request,
@@ -186,19 +199,15 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         .await;
     }
 
-    let limit = runtime.config.server.max_body_bytes;
-    let declared_too_large = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|n| n > limit as u64);
-    let received = if declared_too_large {
-        Err(ProxyError::BodyTooLarge { limit })
-    } else {
-        body::collect_limited(body, limit).await
-    };
-    let raw = match received {
-        Ok(raw) => raw,
+    let received = body::collect_request(
+        &parts,
+        body,
+        body::limits(&runtime.config.server),
+        &state.buffers,
+    )
+    .await;
+    let Collected { bytes: raw, hold } = match received {
+        Ok(collected) => collected,
         Err(e) => return refuse(e, Some(&resolution), record),
     };
     let coding = body::request_coding(&parts.headers);
@@ -234,7 +243,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         &state,
         &runtime,
         parts,
-        body::full(body),
+        body::full_holding(body, hold),
         Some(verdict),
         record,
     )
@@ -349,10 +358,11 @@ async fn forward(
     let header_timeout =
         Duration::from_secs_f64(runtime.config.upstream.response_header_timeout_secs);
     let idle = Duration::from_secs_f64(runtime.config.upstream.idle_timeout_secs);
+    let body_idle = Duration::from_secs_f64(runtime.config.server.body_idle_timeout_secs);
     let sent = Instant::now();
     let mut response = match state
         .upstream
-        .send(Request::from_parts(parts, body), header_timeout)
+        .send(Request::from_parts(parts, body), header_timeout, body_idle)
         .await
     {
         Ok(response) => response,

@@ -3,16 +3,73 @@
 //! in-flight requests and streams finish within the grace period.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{header, Method, Request};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::time::Instant;
 
+use super::body::{BoxError, ProxyBody};
 use super::AppState;
+use crate::error::ProxyError;
+
+/// Refuses what a reverse proxy must not pass on, before anything else
+/// looks at the request:
+/// - `CONNECT` asks for a tunnel to an address of the client's choosing;
+/// - a request target that is neither an absolute path (origin-form) nor an
+///   absolute URI has no path to forward (`GET x` is not `GET /`);
+/// - a transfer coding other than `chunked` (`gzip, chunked`): hyper
+///   removes the chunking only, and forwarding the still-coded bytes
+///   without the header that says so would corrupt the body. RFC 9112
+///   6.1 answers 501, as nginx does; the client can send
+///   `Content-Encoding: gzip`, which the proxy reads.
+pub fn check_request<B>(request: &Request<B>) -> Result<(), ProxyError> {
+    if request.method() == Method::CONNECT {
+        return Err(ProxyError::ConnectNotSupported);
+    }
+    let uri = request.uri();
+    if uri.scheme().is_none() && !uri.path().starts_with('/') {
+        return Err(ProxyError::BadRequestTarget);
+    }
+    let codings = request
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|c| !c.is_empty());
+    for coding in codings {
+        if !coding.eq_ignore_ascii_case("chunked") {
+            let all = request
+                .headers()
+                .get_all(header::TRANSFER_ENCODING)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(ProxyError::UnsupportedTransferCoding(all));
+        }
+    }
+    Ok(())
+}
+
+/// The connection limits read once at start (restart to change them).
+struct ConnectionLimits {
+    header_read: Duration,
+    keep_alive: Duration,
+    max_connections: usize,
+}
 
 /// Serves until `shutdown` completes, then stops in three steps, timed by
 /// the configuration in force at that moment:
@@ -22,26 +79,74 @@ use super::AppState;
 /// 2. the listener closes;
 /// 3. requests, streams and upgraded (WebSocket) connections in flight get
 ///    `server.shutdown_grace_secs` to end.
+///
+/// At most `server.max_connections` connections are served at once: past
+/// it the loop stops accepting and new clients wait in the kernel's
+/// backlog. A failed accept (out of descriptors) is logged and retried
+/// after a pause, so the proxy accepts again once descriptors free up.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let graceful = GracefulShutdown::new();
+    let limits = {
+        let server = &state.runtime().config.server;
+        ConnectionLimits {
+            header_read: Duration::from_secs_f64(server.header_read_timeout_secs),
+            keep_alive: Duration::from_secs_f64(server.keep_alive_timeout_secs),
+            max_connections: server.max_connections,
+        }
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    builder.http2().timer(TokioTimer::new());
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (closing_tx, closing) = watch::channel(false);
     tokio::pin!(shutdown);
-    let accept = |stream: tokio::net::TcpStream, peer: std::net::SocketAddr| {
+    let accept = |stream: tokio::net::TcpStream,
+                  peer: std::net::SocketAddr,
+                  slot: tokio::sync::OwnedSemaphorePermit| {
         let _ = stream.set_nodelay(true);
         let state = state.clone();
+        let activity = Activity::new();
+        let in_service = activity.clone();
         let service = service_fn(move |request| {
             let state = state.clone();
-            async move { Ok::<_, std::convert::Infallible>(super::handle(state, request).await) }
+            let busy = in_service.begin();
+            async move {
+                let response = super::handle(state, request).await;
+                Ok::<_, std::convert::Infallible>(response.map(|body| busy.hold(body)))
+            }
         });
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection.into_owned());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let mut closing = closing.clone();
+        let keep_alive = limits.keep_alive;
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            let _slot = slot;
+            tokio::pin!(connection);
+            let mut asked_to_close = false;
+            loop {
+                tokio::select! {
+                    ended = connection.as_mut() => {
+                        if let Err(e) = ended {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                        return;
+                    }
+                    _ = closing.wait_for(|&closing| closing), if !asked_to_close => {
+                        connection.as_mut().graceful_shutdown();
+                        asked_to_close = true;
+                    }
+                    () = activity.idle_for(keep_alive), if !asked_to_close => {
+                        connection.as_mut().graceful_shutdown();
+                        asked_to_close = true;
+                    }
+                }
             }
         });
     };
@@ -49,9 +154,17 @@ pub async fn serve(
     // Serving; then, once shutdown begins, serving unready for the delay.
     let mut stop_accepting: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
+        let next = async {
+            let slot = slots
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the connection semaphore is never closed");
+            (slot, listener.accept().await)
+        };
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => accept(stream, peer),
+            (slot, accepted) = next => match accepted {
+                Ok((stream, peer)) => accept(stream, peer, slot),
                 Err(e) => {
                     // Out of descriptors and the like: back off, don't spin.
                     tracing::warn!(error = %e, "accept failed");
@@ -73,11 +186,155 @@ pub async fn serve(
         grace_secs = grace.as_secs_f64(),
         "listener closed: draining in-flight requests"
     );
+    let _ = closing_tx.send(true);
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let drained = async {
-        graceful.shutdown().await;
+        // Every connection gives its slot back when it ends.
+        let _ = slots.acquire_many(all).await;
         state.tunnels_closed().await;
     };
     if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!("grace period over; closing the remaining connections");
+    }
+}
+
+/// Whether a connection has requests in flight, and since when it has none:
+/// what its keep-alive timeout is measured on.
+struct Activity {
+    origin: Instant,
+    in_flight: AtomicUsize,
+    /// Nanoseconds after `origin` when the last request finished.
+    idle_since: AtomicU64,
+    became_idle: Notify,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            origin: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            became_idle: Notify::new(),
+        })
+    }
+
+    fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(self.clone())
+    }
+
+    /// Resolves once no request has been in flight for `limit`.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            let became_idle = self.became_idle.notified();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                let since = Duration::from_nanos(self.idle_since.load(Ordering::Acquire));
+                let due = self.origin + since + limit;
+                if Instant::now() >= due {
+                    return;
+                }
+                // A request may begin meanwhile: look again when due.
+                tokio::time::sleep_until(due).await;
+            } else {
+                became_idle.await;
+            }
+        }
+    }
+}
+
+/// One request in flight on a connection, until its response body is done.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn hold(self, body: ProxyBody) -> ProxyBody {
+        BusyBody {
+            inner: body,
+            _busy: self,
+        }
+        .boxed_unsync()
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        let nanos = activity.origin.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        activity.idle_since.store(nanos, Ordering::Release);
+        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            activity.became_idle.notify_waiters();
+        }
+    }
+}
+
+/// A response body that keeps its connection counted busy while it streams.
+struct BusyBody {
+    inner: ProxyBody,
+    _busy: Busy,
+}
+
+impl Body for BusyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, target: &str, te: Option<&str>) -> Request<()> {
+        let mut builder = Request::builder().method(method).uri(target);
+        if let Some(te) = te {
+            builder = builder.header(header::TRANSFER_ENCODING, te);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn origin_and_absolute_form_targets_pass() {
+        for target in [
+            "/v1/chat/completions?x=1",
+            "http://gw.example/v1/models",
+            "/",
+        ] {
+            assert!(
+                check_request(&request("GET", target, None)).is_ok(),
+                "{target}"
+            );
+        }
+        assert!(check_request(&request("POST", "/v1/files", Some("chunked"))).is_ok());
+        assert!(check_request(&request("POST", "/v1/files", Some("Chunked"))).is_ok());
+    }
+
+    #[test]
+    fn what_a_reverse_proxy_must_not_pass_on_is_refused() {
+        let refused = |r: Request<()>| check_request(&r).unwrap_err().code();
+        assert_eq!(
+            refused(request("CONNECT", "internal.example:443", None)),
+            "method_not_allowed"
+        );
+        assert_eq!(refused(request("GET", "x", None)), "invalid_request_target");
+        assert_eq!(
+            refused(request("OPTIONS", "*", None)),
+            "invalid_request_target"
+        );
+        assert_eq!(
+            refused(request("POST", "/v1/files", Some("gzip, chunked"))),
+            "unsupported_transfer_coding"
+        );
     }
 }

@@ -59,12 +59,14 @@ impl Upstream {
 
     /// Sends `request`; 502 when the upstream cannot be reached or fails
     /// before answering, 504 when nothing moves (no request body progress,
-    /// no response headers) for `header_timeout`.
+    /// no response headers) for `header_timeout`, and 408 when the client
+    /// sends no body bytes for `body_idle`.
     /// Dropping the returned future (a client that left) cancels the request.
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
         header_timeout: Duration,
+        body_idle: Duration,
     ) -> Result<Response<Incoming>, ProxyError> {
         let client = if super::headers::is_upgrade(request.headers()) {
             &self.http1
@@ -79,13 +81,22 @@ impl Upstream {
         let (body, progress) = super::body::track_progress(body);
         let response = client.request(Request::from_parts(parts, body));
         let watch = progress.clone();
+        let body_idle = body_idle.min(header_timeout);
         let deadline = async move {
             loop {
-                let due = watch.last() + header_timeout;
-                if tokio::time::Instant::now() >= due {
+                let stalled_client = !watch.ended() && watch.waiting_on_client();
+                let allowed = if stalled_client {
+                    body_idle
+                } else {
+                    header_timeout
+                };
+                let now = tokio::time::Instant::now();
+                let due = watch.last() + allowed;
+                if now >= due {
                     return;
                 }
-                tokio::time::sleep_until(due).await;
+                // Woken at least every `body_idle`: who is waiting may change.
+                tokio::time::sleep_until(due.min(now + body_idle)).await;
             }
         };
         let seconds = header_timeout.as_secs_f64();
@@ -96,6 +107,8 @@ impl Upstream {
             }),
             () = deadline => Err(if progress.ended() {
                 ProxyError::UpstreamTimeout(seconds)
+            } else if progress.waiting_on_client() {
+                ProxyError::BodyTimeout(body_idle.as_secs_f64())
             } else {
                 ProxyError::TransferStalled(seconds)
             }),

@@ -43,7 +43,7 @@ fn seed() -> (Value, String) {
 }
 
 /// Runs a one-shot command with `stdin`, without inheriting our config env.
-fn run_cli(args: &[&str], stdin: &[u8]) -> Output {
+pub(crate) fn run_cli(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
         .stdin(Stdio::piped())
@@ -86,11 +86,31 @@ impl Proc {
     /// Starts `compaction-proxy serve --listen 127.0.0.1:<free>` with `args`
     /// and `env`, and waits until `/healthz` answers.
     fn start(rt: &tokio::runtime::Runtime, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        Proc::start_in(rt, Command::new(BIN), args, env)
+    }
+
+    /// [`Proc::start`] with at most `limit` file descriptors (`ulimit -n`).
+    fn start_with_fd_limit(rt: &tokio::runtime::Runtime, limit: u32, args: &[&str]) -> Proc {
+        let mut shell = Command::new("sh");
+        shell.args([
+            "-c",
+            &format!("ulimit -n {limit} && exec \"$0\" \"$@\""),
+            BIN,
+        ]);
+        Proc::start_in(rt, shell, args, &[])
+    }
+
+    fn start_in(
+        rt: &tokio::runtime::Runtime,
+        mut command: Command,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         let port = free_port();
         let dir = temp_file("stdout", b"").parent().unwrap().to_owned();
         let (stdout, stderr) = (dir.join("stdout"), dir.join("stderr"));
         let listen = format!("127.0.0.1:{port}");
-        let child = Command::new(BIN)
+        let child = command
             .arg("serve")
             .args(["--listen", &listen])
             .args(args)
@@ -693,6 +713,113 @@ fn a_changed_config_file_is_reloaded_without_a_signal() {
     case.wait_for(case.b, "the file changed");
     assert!(case.proxy.stderr().contains("config file changed"));
     assert!(case.proxy.stop().success());
+}
+
+/// Waits up to 5 s for `needle` in the proxy's log.
+fn wait_for_log(proxy: &Proc, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !proxy.stderr().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log within 5 s:\n{}",
+            proxy.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_emptied_config_file_leaves_the_upstream_unchanged() {
+    let rt = runtime();
+    let upstream = rt.block_on(MockUpstream::start(Behavior::Json(
+        200,
+        json!({"ok": true}),
+    )));
+    // The upstream comes from the file itself, as in a real deployment.
+    let config = config_file(&format!("[upstream]\nurl = \"{}\"\n", upstream.url()));
+    let mut proxy = Proc::start(&rt, &["--config", config.to_str().unwrap()], &[]);
+    std::fs::write(&config, "").unwrap(); // truncated
+    wait_for_log(&proxy, "reload refused");
+    let answer = rt.block_on(send(get(&proxy.url("/v1/models"))));
+    assert_eq!(
+        answer.status, 200,
+        "still forwarded to the configured upstream"
+    );
+    assert_eq!(upstream.received().len(), 1);
+    assert!(proxy.stderr().contains("empty"), "{}", proxy.stderr());
+
+    // A rewrite naming another upstream is reloaded, but not its upstream.
+    std::fs::write(
+        &config,
+        "[upstream]\nurl = \"http://127.0.0.1:9\"\n[policies.default]\nbudget_chars = 1234\n",
+    )
+    .unwrap();
+    wait_for_log(&proxy, "configuration reloaded");
+    assert!(
+        proxy.stderr().contains("upstream.url"),
+        "the upstream change is logged as restart-only:\n{}",
+        proxy.stderr()
+    );
+    let answer = rt.block_on(send(get(&proxy.url("/v1/models"))));
+    assert_eq!(answer.status, 200);
+    assert_eq!(upstream.received().len(), 2);
+    assert!(proxy.stop().success());
+}
+
+#[test]
+fn a_config_file_caught_mid_rewrite_is_read_only_once_it_settles() {
+    let mut case = ReloadCase::start();
+    let whole = policy_toml(2500);
+    let (half, _) = whole.split_at(whole.len() / 2);
+    // A non-atomic rewrite, slower than a poll would be if the poller read
+    // each change at once: the half file is never loaded.
+    for _ in 0..2 {
+        std::fs::write(&case.config, half).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        std::fs::write(&case.config, &whole).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    case.wait_for(case.b, "the rewrite settled");
+    assert!(
+        !case.proxy.stderr().contains("reload refused"),
+        "a half-written file was read:\n{}",
+        case.proxy.stderr()
+    );
+    assert!(case.proxy.stop().success());
+}
+
+#[test]
+fn running_out_of_descriptors_does_not_stop_the_accept_loop() {
+    let rt = runtime();
+    let upstream = rt.block_on(MockUpstream::start(Behavior::Json(
+        200,
+        json!({"ok": true}),
+    )));
+    let mut proxy = Proc::start_with_fd_limit(&rt, 48, &["--upstream", &upstream.url()]);
+    // Half-sent requests until the proxy has no descriptor left.
+    let mut clients = Vec::new();
+    for _ in 0..80 {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+        let _ = stream.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n");
+        clients.push(stream);
+    }
+    wait_for_log(&proxy, "accept failed");
+    drop(clients);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(answer) = rt.block_on(try_send(get(&proxy.url("/healthz")))) {
+            assert_eq!(answer.status, 200);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not accepting 5 s after descriptors freed up:\n{}",
+            proxy.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(proxy.child.try_wait().unwrap().is_none(), "still running");
+    assert!(proxy.stop().success());
 }
 
 #[test]

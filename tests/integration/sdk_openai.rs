@@ -8,14 +8,25 @@ use crate::support::*;
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk");
 
 /// Whether `program args` runs; fails instead of skipping when CI requires the SDKs.
-fn sdk_available(what: &str, program: &str, args: &[&str]) -> bool {
+pub(crate) fn sdk_available(what: &str, program: &str, args: &[&str]) -> bool {
+    sdk_available_unless(what, program, args, "REQUIRE_OPENAI_SDKS")
+}
+
+/// Whether `program args` runs; fails instead of skipping when the
+/// environment variable `required_by` is set (CI sets it).
+pub(crate) fn sdk_available_unless(
+    what: &str,
+    program: &str,
+    args: &[&str],
+    required_by: &str,
+) -> bool {
     let found = std::process::Command::new(program)
         .args(args)
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
         assert!(
-            std::env::var_os("REQUIRE_OPENAI_SDKS").is_none(),
+            std::env::var_os(required_by).is_none(),
             "{what} is required here (see .ci/run for how it is installed)"
         );
         eprintln!("skipped: {what} is not installed (see .ci/run)");

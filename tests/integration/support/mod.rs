@@ -61,6 +61,17 @@ pub enum Behavior {
     OpenAiChat,
     /// A JSON body with this status and these extra response headers.
     JsonWithHeaders(u16, Vec<(String, String)>, serde_json::Value),
+    /// Answers like the Anthropic Messages API: a message, or its SSE
+    /// stream (`message_start` ... `message_stop`) when the request has
+    /// `"stream": true`. With `tools` in the request and no `tool_result`
+    /// in its last message, the answer is a `tool_use` of the first tool;
+    /// otherwise the text `"received N messages"`.
+    AnthropicMessages,
+    /// Answers like the OpenAI Responses API: a response, or its SSE stream
+    /// (`response.created` ... `response.completed`) when the request has
+    /// `"stream": true`. The output text is `"received N items"` (a string
+    /// `input` is one item).
+    OpenAiResponses,
 }
 
 #[derive(Default)]
@@ -251,6 +262,29 @@ impl MockUpstream {
                         .unwrap()
                 }
             }
+            Behavior::AnthropicMessages => {
+                let request: serde_json::Value =
+                    serde_json::from_slice(&self.last().body).unwrap_or_default();
+                let (message, stream) = anthropic_answer(&request);
+                if stream {
+                    self.sse(anthropic_events(&message), Duration::from_millis(2), false)
+                } else {
+                    json_response(&message)
+                }
+            }
+            Behavior::OpenAiResponses => {
+                let request: serde_json::Value =
+                    serde_json::from_slice(&self.last().body).unwrap_or_default();
+                let n = request["input"]
+                    .as_array()
+                    .map_or(usize::from(request["input"].is_string()), Vec::len);
+                let text = format!("received {n} items");
+                if request["stream"] == serde_json::Value::Bool(true) {
+                    self.sse(responses_events(&text), Duration::from_millis(2), false)
+                } else {
+                    json_response(&responses_object(&text, "completed"))
+                }
+            }
             Behavior::ResetAfter(chunks) => self.sse(chunks, Duration::from_millis(20), true),
             Behavior::UpgradeEcho => {
                 let on_upgrade = on_upgrade.expect("an upgradable request");
@@ -354,6 +388,184 @@ impl MockUpstream {
             .body(stream.boxed())
             .unwrap()
     }
+}
+
+type MockResponse = Response<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>;
+
+fn json_response(value: &serde_json::Value) -> MockResponse {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(value.to_string()))
+                .map_err(|e| match e {})
+                .boxed(),
+        )
+        .unwrap()
+}
+
+/// The Messages API's answer to `request`, and whether it is streamed.
+fn anthropic_answer(request: &serde_json::Value) -> (serde_json::Value, bool) {
+    use serde_json::json;
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let answered_tool = messages.last().is_some_and(|m| {
+        m["content"]
+            .as_array()
+            .is_some_and(|b| b.iter().any(|b| b["type"] == "tool_result"))
+    });
+    let tool = request["tools"][0]["name"].as_str();
+    let (content, stop_reason) = match tool {
+        Some(name) if !answered_tool => (
+            json!([{"type": "tool_use", "id": "toolu_mock_1", "name": name, "input": {"path": "src/lib.rs"}}]),
+            "tool_use",
+        ),
+        _ => (
+            json!([{"type": "text", "text": format!("received {} messages", messages.len())}]),
+            "end_turn",
+        ),
+    };
+    let message = json!({
+        "id": "msg_mock", "type": "message", "role": "assistant", "model": "mock",
+        "content": content, "stop_reason": stop_reason, "stop_sequence": null,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    });
+    (message, request["stream"] == serde_json::Value::Bool(true))
+}
+
+/// A Messages API answer as its SSE events.
+fn anthropic_events(message: &serde_json::Value) -> Vec<String> {
+    use serde_json::json;
+    let event = |name: &str, data: serde_json::Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut start = message.clone();
+    start["content"] = json!([]);
+    start["stop_reason"] = serde_json::Value::Null;
+    let mut events = vec![
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": start}),
+        ),
+        event("ping", json!({"type": "ping"})),
+    ];
+    for (index, block) in message["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if block["type"] == "text" {
+            events.push(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}),
+            ));
+            for word in block["text"].as_str().unwrap_or("").split_inclusive(' ') {
+                events.push(event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": word}}),
+                ));
+            }
+        } else {
+            let mut empty = block.clone();
+            empty["input"] = json!({});
+            events.push(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": index, "content_block": empty}),
+            ));
+            events.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": block["input"].to_string()}}),
+            ));
+        }
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": null}, "usage": {"output_tokens": 3}}),
+    ));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    events
+}
+
+/// A Responses API response object with one output message of `text`.
+fn responses_object(text: &str, status: &str) -> serde_json::Value {
+    use serde_json::json;
+    let output = if status == "completed" {
+        json!([{"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}])
+    } else {
+        json!([])
+    };
+    json!({
+        "id": "resp_mock", "object": "response", "created_at": 1, "status": status,
+        "model": "mock", "output": output, "parallel_tool_calls": true, "tool_choice": "auto",
+        "tools": [], "error": null, "incomplete_details": null, "instructions": null,
+        "metadata": {}, "temperature": 1.0, "top_p": 1.0,
+        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    })
+}
+
+/// A Responses API answer of `text` as its SSE events.
+fn responses_events(text: &str) -> Vec<String> {
+    use serde_json::json;
+    let mut sequence = 0;
+    let mut event = |mut data: serde_json::Value| {
+        data["sequence_number"] = json!(sequence);
+        sequence += 1;
+        format!(
+            "event: {}\ndata: {data}\n\n",
+            data["type"].as_str().unwrap()
+        )
+    };
+    let item = |status: &str, text: &str| {
+        json!({"type": "message", "id": "msg_mock", "status": status, "role": "assistant",
+               "content": if text.is_empty() { json!([]) } else {
+                   json!([{"type": "output_text", "text": text, "annotations": []}]) }})
+    };
+    let part = |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
+    let at = json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0});
+    let with = |mut base: serde_json::Value, extra: serde_json::Value| {
+        for (k, v) in extra.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        base
+    };
+    let mut events = vec![
+        event(
+            json!({"type": "response.created", "response": responses_object(text, "in_progress")}),
+        ),
+        event(
+            json!({"type": "response.in_progress", "response": responses_object(text, "in_progress")}),
+        ),
+        event(
+            json!({"type": "response.output_item.added", "output_index": 0, "item": item("in_progress", "")}),
+        ),
+        event(with(
+            at.clone(),
+            json!({"type": "response.content_part.added", "part": part("")}),
+        )),
+    ];
+    for word in text.split_inclusive(' ') {
+        events.push(event(with(
+            at.clone(),
+            json!({"type": "response.output_text.delta", "delta": word, "logprobs": []}),
+        )));
+    }
+    events.push(event(with(
+        at.clone(),
+        json!({"type": "response.output_text.done", "text": text, "logprobs": []}),
+    )));
+    events.push(event(with(
+        at,
+        json!({"type": "response.content_part.done", "part": part(text)}),
+    )));
+    events.push(event(json!({"type": "response.output_item.done", "output_index": 0, "item": item("completed", text)})));
+    events.push(event(
+        json!({"type": "response.completed", "response": responses_object(text, "completed")}),
+    ));
+    events
 }
 
 /// The real proxy server, in-process, on an ephemeral port.
