@@ -16,6 +16,8 @@ pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
 pub const MEMORY_COMPACT: &str = "/v1/memory-compact";
+/// `GET /v1/compaction-reports/<id>`: a live per-message report.
+pub const REPORTS: &str = "/v1/compaction-reports/";
 
 /// Answers admin paths; hands every other request back, to be proxied.
 pub async fn handle(
@@ -35,6 +37,29 @@ pub async fn handle(
             r
         }
         MEMORY_COMPACT => memory_compact(state, request).await,
+        path if path.starts_with(REPORTS) => {
+            let found = match request.method() {
+                &Method::GET => state
+                    .reports
+                    .get(&path[REPORTS.len()..])
+                    .ok_or(ProxyError::ReportNotFound),
+                other => Err(ProxyError::MethodNotAllowed(other.clone())),
+            };
+            match found {
+                Ok(report) => {
+                    let mut r = Response::new(body::full(report));
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    r
+                }
+                Err(e) => {
+                    let (parts, bytes) = e.to_response().into_parts();
+                    Response::from_parts(parts, body::full(bytes))
+                }
+            }
+        }
         _ => return Err(request),
     })
 }

@@ -137,6 +137,7 @@ mod tests {
                 output_messages: 1,
                 dropped_messages: 1,
                 trimmed_messages: 0,
+                deduped_messages: 0,
                 retained_ratio: 0.5,
                 budget_met: true,
                 pruned_chars: 0,

@@ -24,18 +24,18 @@ use crate::proxy::{self, AppState};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Global: valid before or after the subcommand, so
+    /// `compaction-proxy --config f.toml check-config` checks `f.toml`.
     #[command(flatten)]
-    pub serve: ServeArgs,
+    pub global: GlobalArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (the default).
-    Serve(ServeArgs),
+    Serve,
     /// Compact one request read from stdin, offline.
     Compact {
-        #[arg(long)]
-        config: Option<PathBuf>,
         /// Policy for API bodies (default: the first route's).
         #[arg(long)]
         policy: Option<String>,
@@ -44,38 +44,48 @@ pub enum Command {
         /// memory-compact request).
         #[arg(long)]
         format: Option<crate::format::Format>,
+        /// For an API body: print the per-message report (kept, trimmed or
+        /// dropped, with stage and reason) as JSON instead of the body.
+        #[arg(long)]
+        report: bool,
     },
     /// Validate the configuration and print every problem.
-    CheckConfig {
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    CheckConfig,
 }
 
+/// The flags every command reads the configuration with.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct ServeArgs {
+pub struct GlobalArgs {
     /// TOML file layered over the embedded default.
-    #[arg(long)]
+    #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address to listen on, e.g. 127.0.0.1:8080.
-    #[arg(long)]
+    #[arg(long, global = true, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Upstream base URL, e.g. https://api.openai.com.
-    #[arg(long)]
+    /// Upstream base URL, e.g. https://api.openai.com or http://vllm:8000/v1.
+    #[arg(long, global = true, value_name = "URL")]
     pub upstream: Option<String>,
+}
+
+impl GlobalArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+        }
+    }
 }
 
 /// Runs the parsed command; the exit code says whether it succeeded.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        None => serve(cli.serve),
-        Some(Command::Serve(args)) => serve(args),
+        None | Some(Command::Serve) => serve(cli.global),
         Some(Command::Compact {
-            config,
             policy,
             format,
-        }) => compact(config, policy, format),
-        Some(Command::CheckConfig { config }) => check_config(config),
+            report,
+        }) => compact(&cli.global, policy, format, report),
+        Some(Command::CheckConfig) => check_config(&cli.global),
     }
 }
 
@@ -87,8 +97,8 @@ fn load(file: Option<&PathBuf>, overrides: &Overrides) -> Result<Runtime, Config
     )?)
 }
 
-fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    match load(file.as_ref(), &Overrides::default()) {
+fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
+    match load(args.config.as_ref(), &args.overrides()) {
         Ok(rt) => {
             println!(
                 "configuration OK: {} policies, {} routes, upstream {}",
@@ -106,9 +116,10 @@ fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
 }
 
 fn compact(
-    file: Option<PathBuf>,
+    args: &GlobalArgs,
     policy: Option<String>,
     format: Option<crate::format::Format>,
+    report: bool,
 ) -> anyhow::Result<ExitCode> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
@@ -144,7 +155,7 @@ fn compact(
         };
     }
 
-    let runtime = match load(file.as_ref(), &Overrides::default()) {
+    let runtime = match load(args.config.as_ref(), &args.overrides()) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{e}");
@@ -162,6 +173,9 @@ fn compact(
     // everything under a dry-run policy, is forwarded as it came.
     let max_messages = runtime.config.server.max_messages;
     let format = format.unwrap_or_default();
+    if report {
+        return print_report(&input, &name, &policy, format, max_messages, &mut stdout);
+    }
     let outcome = match proxy::compact::outcome_of(
         &input,
         &policy,
@@ -199,11 +213,31 @@ fn compact(
     Ok(ExitCode::SUCCESS)
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let overrides = Overrides {
-        listen: args.listen.clone(),
-        upstream: args.upstream.clone(),
-    };
+/// `compact --report`: one line per input message (kept, trimmed or
+/// dropped, by which stage and why) with the loss figures, as JSON.
+fn print_report(
+    input: &[u8],
+    name: &str,
+    policy: &crate::policy::CompiledPolicy,
+    format: crate::format::Format,
+    max_messages: usize,
+    out: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
+    match crate::explain::report_for(input, name, policy, format, max_messages) {
+        Ok(document) => {
+            serde_json::to_writer_pretty(&mut *out, &document)?;
+            writeln!(out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(skip) => {
+            eprintln!("policy {name}: skipped; {}: {skip}", skip.reason());
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
+    let overrides = args.overrides();
     let runtime = match load(args.config.as_ref(), &overrides) {
         Ok(rt) => rt,
         Err(e) => {
@@ -216,8 +250,36 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     tokio.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(runtime.listen).await?;
-        tracing::info!(listen = %listener.local_addr()?, upstream = %runtime.upstream, "compaction-proxy listening");
+        let listener = match tokio::net::TcpListener::bind(runtime.listen).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(listen = %runtime.listen, error = %e, "cannot listen");
+                eprintln!("error: cannot listen on {}: {e}", runtime.listen);
+                return Ok(ExitCode::FAILURE);
+            }
+        };
+        let names = |keys: Vec<&String>| {
+            keys.iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let routes = runtime
+            .config
+            .routes
+            .iter()
+            .map(|r| format!("{}->{}", r.path, r.policy))
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(
+            listen = %listener.local_addr()?,
+            upstream = %runtime.upstream,
+            config = %args.config.as_ref().map_or("(embedded default)".into(), |p| p.display().to_string()),
+            policies = %names(runtime.config.policies.keys().collect()),
+            routes = %routes,
+            tenants = %names(runtime.config.tenants.policies.keys().collect()),
+            "compaction-proxy listening"
+        );
         let state = AppState::new(runtime);
         tokio::spawn(reload_on_sighup(state.clone(), args, overrides));
         proxy::server::serve(listener, state, shutdown_signal()).await;
@@ -228,8 +290,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: `kubectl logs` and files get
+    // plain text.
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -255,7 +321,7 @@ const CONFIG_POLL: Duration = Duration::from_secs(1);
 /// modification time and size on two polls in a row), so a rewrite is not
 /// caught halfway. A bad or blank file is refused with its problems
 /// logged; the configuration in force stays.
-async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Overrides) {
+async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Overrides) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(hup) => Some(hup),
@@ -299,8 +365,10 @@ async fn reload_on_sighup(state: Arc<AppState>, args: ServeArgs, overrides: Over
                     "configuration reloaded"
                 );
                 state.reload(runtime);
+                state.metrics.config_reload(crate::metrics::RELOAD_APPLIED);
             }
             Err(errors) => {
+                state.metrics.config_reload(crate::metrics::RELOAD_REFUSED);
                 tracing::error!(reason, problems = %errors, "configuration reload refused; the previous configuration stays in force");
             }
         }

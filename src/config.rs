@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::engine::{Policy, Role};
+use crate::engine::{Policy, RelevancePolicy, Role, ScoringMethod};
 
 /// The shipped default configuration, embedded so the binary runs alone.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -152,39 +152,64 @@ pub enum Mode {
     Stable,
 }
 
-/// One named policy. Keys left out take the engine's defaults.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// How a policy scores drop candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scoring {
+    /// The score of `COMPACTION.md`: recency, role, topic overlap.
+    #[default]
+    Seed,
+    /// The seed score plus relevance to the latest request, with pins for
+    /// the most relevant messages (`engine::relevance`).
+    Relevance,
+}
+
+/// One named policy. Every key left out takes the value of
+/// [`PolicyConfig::default`], whatever the policy's name: the proxy's
+/// defaults, which differ from the engine's spec defaults (those stay with
+/// the memory-compact API) where a proxy user wants more protection:
+/// developer messages are protected with system ones, the first user
+/// message (an agent's task statement) is pinned, and long messages are
+/// trimmed at 4000 chars rather than 400.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PolicyConfig {
     pub budget_chars: usize,
-    #[serde(default = "default_keep_last_n")]
     pub keep_last_n: usize,
-    #[serde(default = "default_keep_roles")]
     pub keep_roles: Vec<Role>,
-    #[serde(default = "default_duplicate_threshold")]
     pub duplicate_threshold: f64,
-    #[serde(default = "default_max_message_chars")]
     pub max_message_chars: usize,
-    #[serde(default)]
     pub mode: Mode,
     /// Protect the first user message (most agents' task statement).
-    #[serde(default)]
     pub pin_first_user: bool,
     /// Protect messages whose text matches any of these regexes.
-    #[serde(default)]
     pub pin_patterns: Vec<String>,
     /// Honour `x-compaction-bypass: true` on requests.
-    #[serde(default)]
     pub allow_bypass: bool,
     /// Compute and report, but forward the original body.
-    #[serde(default)]
     pub dry_run: bool,
+    /// Honour `x-compaction-report: true`: keep the request's per-message
+    /// report for a few minutes, fetchable by the id the response names.
+    /// Off by default: a report holds the conversation's text.
+    pub allow_report: bool,
+    pub scoring: Scoring,
+    /// Relevance only: protect messages at least this relevant, in [0, 1].
+    /// Left out: [`RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin_relevant_above: Option<f64>,
+    /// Relevance only: the budget share those pins may take, in [0, 1].
+    /// Left out: [`RelevancePolicy::DEFAULT_RELEVANT_PIN_SHARE`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relevant_pin_share: Option<f64>,
+    /// Relevance only: the request header whose text joins the latest user
+    /// message as what the request is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relevance_goal_header: Option<String>,
     /// Stable mode: a re-compaction brings the form down to this share of
     /// the budget, so the next turns only append.
-    #[serde(default = "default_stable_target_ratio")]
     pub stable_target_ratio: f64,
     /// Stable mode: a re-compaction keeps the leading items within this
     /// share of the budget as they were, so their cached prefix survives.
-    #[serde(default = "default_stable_head_ratio")]
     pub stable_head_ratio: f64,
     /// Agent passes (exact mode): tool results older than the protected
     /// window and longer than this become head + marker + tail; 0 = off.
@@ -234,13 +259,6 @@ fn default_tokenizer_fallback() -> String {
     "o200k_base".into()
 }
 
-fn default_stable_target_ratio() -> f64 {
-    0.7
-}
-fn default_stable_head_ratio() -> f64 {
-    0.4
-}
-
 fn default_max_tool_result_chars() -> usize {
     crate::compaction::agent::AgentPolicy::DEFAULT.max_tool_result_chars
 }
@@ -260,36 +278,28 @@ fn default_tool_duplicate_threshold() -> f64 {
     crate::compaction::agent::AgentPolicy::DEFAULT.tool_duplicate_threshold
 }
 
-fn default_keep_last_n() -> usize {
-    Policy::DEFAULT_KEEP_LAST_N
-}
-fn default_keep_roles() -> Vec<Role> {
-    vec![Role::System]
-}
-fn default_duplicate_threshold() -> f64 {
-    Policy::DEFAULT_DUPLICATE_THRESHOLD
-}
-fn default_max_message_chars() -> usize {
-    Policy::DEFAULT_MAX_MESSAGE_CHARS
-}
-
-impl PolicyConfig {
-    /// Stands in for a policy whose section could not be read, so the rest
-    /// of the configuration can still be checked.
-    fn placeholder() -> Self {
+impl Default for PolicyConfig {
+    /// The one set of policy defaults (documented in
+    /// `docs/configuration.md`; `config/default.toml` spells them out).
+    fn default() -> Self {
         PolicyConfig {
-            budget_chars: 1,
-            keep_last_n: default_keep_last_n(),
-            keep_roles: default_keep_roles(),
-            duplicate_threshold: default_duplicate_threshold(),
-            max_message_chars: default_max_message_chars(),
+            budget_chars: 200_000,
+            keep_last_n: Policy::DEFAULT_KEEP_LAST_N,
+            keep_roles: vec![Role::System, Role::Developer],
+            duplicate_threshold: Policy::DEFAULT_DUPLICATE_THRESHOLD,
+            max_message_chars: 4000,
             mode: Mode::Exact,
-            pin_first_user: false,
+            pin_first_user: true,
             pin_patterns: Vec::new(),
-            allow_bypass: false,
+            allow_bypass: true,
             dry_run: false,
-            stable_target_ratio: default_stable_target_ratio(),
-            stable_head_ratio: default_stable_head_ratio(),
+            allow_report: false,
+            scoring: Scoring::Seed,
+            pin_relevant_above: None,
+            relevant_pin_share: None,
+            relevance_goal_header: None,
+            stable_target_ratio: 0.7,
+            stable_head_ratio: 0.4,
             max_tool_result_chars: default_max_tool_result_chars(),
             protect_tool_chars: default_protect_tool_chars(),
             protect_tool_share: default_protect_tool_share(),
@@ -305,7 +315,9 @@ impl PolicyConfig {
             tokenizer_fallback: default_tokenizer_fallback(),
         }
     }
+}
 
+impl PolicyConfig {
     /// The agent passes' settings.
     pub fn agent_policy(&self) -> crate::compaction::agent::AgentPolicy {
         crate::compaction::agent::AgentPolicy {
@@ -330,11 +342,24 @@ impl PolicyConfig {
             keep_roles: self.keep_roles.clone(),
             duplicate_threshold: self.duplicate_threshold,
             max_message_chars: self.max_message_chars,
+            scoring: match self.scoring {
+                Scoring::Seed => ScoringMethod::Seed,
+                Scoring::Relevance => ScoringMethod::Relevance(RelevancePolicy {
+                    pin_relevant_above: self
+                        .pin_relevant_above
+                        .unwrap_or(RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE),
+                    relevant_pin_share: self
+                        .relevant_pin_share
+                        .unwrap_or(RelevancePolicy::DEFAULT_RELEVANT_PIN_SHARE),
+                    goal: None,
+                }),
+            },
         }
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RouteConfig {
     /// An exact path; a `*` segment matches any one segment, and a
     /// trailing `*` any rest of the path.
@@ -550,7 +575,10 @@ fn insert_path(root: &mut serde_json::Map<String, Value>, parts: &[String], valu
     node.insert(last.clone(), value);
 }
 
-/// Reads a merged configuration tree, collecting every problem.
+/// Reads a merged configuration tree, collecting every problem: every
+/// unknown key (with the nearest known key suggested), every bad value,
+/// and the semantic checks of [`crate::policy::Runtime::new`] over
+/// everything that could be read, each once, with its full path.
 pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
     let mut problems = Vec::new();
     let mut config = Config::default();
@@ -559,32 +587,30 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
     };
     for key in root.keys() {
         if !SECTIONS.contains(&key.as_str()) {
-            problems.push(ConfigProblem {
-                path: key.clone(),
-                message: "unknown key".into(),
-            });
+            problems.push(unknown_key("", key, &SECTIONS));
         }
     }
     if let Some(v) = root.get("server") {
-        config.server = section(v, "server", &mut problems).unwrap_or_default();
+        config.server = section(v, "server", &mut problems);
     }
     if let Some(v) = root.get("upstream") {
-        config.upstream = section(v, "upstream", &mut problems).unwrap_or_default();
+        config.upstream = section(v, "upstream", &mut problems);
     }
     if let Some(v) = root.get("cache") {
-        config.cache = section(v, "cache", &mut problems).unwrap_or_default();
+        config.cache = section(v, "cache", &mut problems);
     }
     if let Some(v) = root.get("tenants") {
-        config.tenants = section(v, "tenants", &mut problems).unwrap_or_default();
+        config.tenants = section(v, "tenants", &mut problems);
     }
     match root.get("policies") {
         None => {}
         Some(Value::Object(policies)) => {
             for (name, v) in policies {
-                // A policy that fails to read still exists by name, so routes
-                // using it are not also reported as pointing nowhere.
-                let policy = section(v, &format!("policies.{name}"), &mut problems)
-                    .unwrap_or_else(PolicyConfig::placeholder);
+                // A policy with bad keys still exists by name (the bad keys
+                // take their defaults), so routes using it are not also
+                // reported as pointing nowhere, and its other keys (regexes,
+                // bounds) are still checked.
+                let policy = section(v, &format!("policies.{name}"), &mut problems);
                 config.policies.insert(name.clone(), policy);
             }
         }
@@ -597,9 +623,11 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
         None => {}
         Some(Value::Array(routes)) => {
             for (i, v) in routes.iter().enumerate() {
-                if let Some(r) = section(v, &format!("routes[{i}]"), &mut problems) {
-                    config.routes.push(r);
-                }
+                // Every route is kept, so the checks that follow name the
+                // right index.
+                config
+                    .routes
+                    .push(section(v, &format!("routes[{i}]"), &mut problems));
             }
         }
         Some(_) => problems.push(ConfigProblem {
@@ -610,49 +638,115 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
     if problems.is_empty() {
         Ok(config)
     } else {
-        // Report the semantic problems too (policy references, regexes,
-        // bounds): check-config lists everything at once.
         if let Err(semantic) = crate::policy::Runtime::new(config) {
             problems.extend(semantic.0);
         }
+        // A value refused above took its default; a semantic check of that
+        // default at the same path would only repeat the complaint.
+        let mut seen = std::collections::HashSet::new();
+        problems.retain(|p| seen.insert(p.path.clone()));
         Err(ConfigErrors(problems))
     }
 }
 
-/// Deserialises one section, recording unknown keys and the first type
-/// error, each with its full path.
-fn section<T: DeserializeOwned>(
+/// Reads one table leniently. Each key is read on its own, so one bad
+/// value cannot hide another; unknown keys and bad values become problems
+/// at their full path, and the keys that read well are kept (the others
+/// take their defaults) so later checks still see them.
+fn section<T: DeserializeOwned + Default>(
     value: &Value,
     path: &str,
     problems: &mut Vec<ConfigProblem>,
-) -> Option<T> {
-    let mut unknown = Vec::new();
-    let result: Result<T, _> = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
-        value.clone(),
-        &mut |p: serde_ignored::Path| unknown.push(p.to_string()),
-    ));
-    for key in &unknown {
+) -> T {
+    let Some(table) = value.as_object() else {
         problems.push(ConfigProblem {
-            path: format!("{path}.{key}"),
-            message: "unknown key".into(),
+            path: path.to_owned(),
+            message: "must be a table".into(),
         });
-    }
-    match result {
-        Ok(v) if unknown.is_empty() => Some(v),
-        Ok(_) => None,
-        Err(e) => {
-            let inner = e.path().to_string();
-            problems.push(ConfigProblem {
-                path: if inner == "." {
-                    path.to_owned()
-                } else {
-                    format!("{path}.{inner}")
-                },
+        return T::default();
+    };
+    let known = struct_fields::<T>();
+    let mut good = serde_json::Map::new();
+    for (key, v) in table {
+        if !known.contains(&key.as_str()) {
+            problems.push(unknown_key(path, key, known));
+            continue;
+        }
+        let single = Value::Object(std::iter::once((key.clone(), v.clone())).collect());
+        match serde_path_to_error::deserialize::<_, T>(single) {
+            Ok(_) => {
+                good.insert(key.clone(), v.clone());
+            }
+            Err(e) => problems.push(ConfigProblem {
+                path: format!("{}{}", prefix(path), e.path()),
                 message: e.into_inner().to_string(),
-            });
-            None
+            }),
         }
     }
+    serde_json::from_value(Value::Object(good)).unwrap_or_default()
+}
+
+/// The keys a section accepts: the field names its derived `Deserialize`
+/// hands to `deserialize_struct`, caught by a deserializer that reads
+/// nothing else.
+fn struct_fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error, Visitor};
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
+fn prefix(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}.")
+    }
+}
+
+/// An unknown key, with the nearest known one when it looks like a typo.
+fn unknown_key(path: &str, key: &str, known: &[&str]) -> ConfigProblem {
+    let message = match nearest(key, known) {
+        Some(near) => format!("unknown key; did you mean `{near}`?"),
+        None => format!("unknown key; expected one of {}", known.join(", ")),
+    };
+    ConfigProblem {
+        path: format!("{}{key}", prefix(path)),
+        message,
+    }
+}
+
+/// The known key most similar to `key`, if similar enough to be a typo
+/// (Jaro-Winkler at least 0.8, the threshold clap's own suggestions use
+/// in spirit: transpositions, a dropped or doubled letter).
+pub fn nearest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (strsim::jaro_winkler(key, k), *k))
+        .filter(|(score, _)| *score >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| k)
 }
 
 #[cfg(test)]
@@ -730,17 +824,31 @@ mod tests {
     }
 
     #[test]
-    fn new_policy_keys_take_engine_defaults() {
-        let config = load_str("[policies.small]\nbudget_chars = 500", &[]).unwrap();
-        let p = &config.policies["small"];
-        assert_eq!(p.engine_policy(), Policy::with_budget(500));
-        assert!(!p.allow_bypass && !p.dry_run && !p.pin_first_user);
+    fn a_policy_key_left_out_takes_one_default_whatever_the_name() {
+        let config = load_str(
+            "[policies.default]\nbudget_chars = 150000\n[policies.small]\nbudget_chars = 150000",
+            &[],
+        )
+        .unwrap();
+        let (default, small) = (&config.policies["default"], &config.policies["small"]);
+        assert_eq!(default, small, "the name changes nothing");
+        assert_eq!(small.keep_roles, [Role::System, Role::Developer]);
+        assert_eq!(small.max_message_chars, 4000);
+        assert!(small.pin_first_user && small.allow_bypass && !small.dry_run);
+        let empty = load_str("[policies.bare]\n", &[]).unwrap();
+        assert_eq!(empty.policies["bare"], PolicyConfig::default());
+    }
+
+    #[test]
+    fn the_shipped_default_policy_is_the_documented_default() {
+        let shipped = load(None, Vec::new(), &Overrides::default()).unwrap();
+        assert_eq!(shipped.policies["default"], PolicyConfig::default());
     }
 
     #[test]
     fn every_unknown_key_and_type_error_is_reported_with_its_path() {
         let err = load_str(
-            "colour = 1\n[server]\nlistn = \"x\"\n[policies.a]\nbudget_chars = \"lots\"\n[policies.b]\nbudget_chars = 1\nkeep_roles = [\"robot\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\nweight = 2",
+            "colour = 1\n[server]\nlistn = \"x\"\n[policies.a]\nbudget_chars = \"lots\"\nkeep_last_n = -1\n[policies.b]\nbudget_chars = 1\nkeep_roles = [\"robot\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\nweight = 2",
             &[],
         )
         .unwrap_err();
@@ -751,6 +859,7 @@ mod tests {
                 "colour",
                 "server.listn",
                 "policies.a.budget_chars",
+                "policies.a.keep_last_n",
                 "policies.b.keep_roles[0]",
                 "routes[0].weight"
             ],
@@ -759,9 +868,39 @@ mod tests {
     }
 
     #[test]
+    fn unknown_keys_suggest_the_nearest_known_one() {
+        let err = load_str(
+            "[policies.small]\nkeep_lst_n = 3\nzzz = 1\n[servr]\nlisten = \"x\"",
+            &[],
+        )
+        .unwrap_err();
+        let messages: Vec<String> = err.0.iter().map(|p| p.to_string()).collect();
+        assert!(
+            messages.contains(&"servr: unknown key; did you mean `server`?".to_owned()),
+            "{err}"
+        );
+        assert!(
+            messages.contains(
+                &"policies.small.keep_lst_n: unknown key; did you mean `keep_last_n`?".to_owned()
+            ),
+            "{err}"
+        );
+        let zzz = err
+            .0
+            .iter()
+            .find(|p| p.path == "policies.small.zzz")
+            .unwrap();
+        assert!(
+            zzz.message
+                .contains("expected one of budget_chars, keep_last_n"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn syntax_and_semantic_problems_are_reported_together() {
         let err = load_str(
-            "colour = 1\n[policies.a]\nbudget_chars = \"lots\"\n[policies.b]\nbudget_chars = 5\npin_patterns = [\"(\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\n[[routes]]\npath = \"/y\"\npolicy = \"ghost\"",
+            "colour = 1\n[policies.a]\nbudget_chars = \"lots\"\nduplicate_threshold = 2.0\nmax_message_chars = 0\npin_patterns = [\"ok\", \"(\"]\n[policies.b]\nbudget_chars = 5\nkeep_lst_n = 2\npin_patterns = [\"(\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\n[[routes]]\npath = \"/y\"\npolicy = \"ghost\"\n[[routes]]\npolicy = \"b\"",
             &[],
         )
         .unwrap_err();
@@ -771,8 +910,13 @@ mod tests {
             [
                 "colour",
                 "policies.a.budget_chars",
-                "policies.b.pin_patterns",
-                "routes[1].policy"
+                "policies.b.keep_lst_n",
+                "policies.a.duplicate_threshold",
+                "policies.a.max_message_chars",
+                "policies.a.pin_patterns[1]",
+                "policies.b.pin_patterns[0]",
+                "routes[1].policy",
+                "routes[2].path",
             ],
             "{err}"
         );

@@ -23,6 +23,8 @@ pub enum ProxyError {
     MethodNotAllowed(http::Method),
     #[error("content type must be application/json")]
     UnsupportedMediaType,
+    #[error("no compaction report with this id (reports are kept for a few minutes)")]
+    ReportNotFound,
     #[error("{0}")]
     InvalidRequest(#[from] InvalidRequest),
     #[error("upstream could not be reached: {0}")]
@@ -61,6 +63,7 @@ impl ProxyError {
             ProxyError::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProxyError::ReportNotFound => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -71,7 +74,7 @@ impl ProxyError {
     /// The OpenAI error `type`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ProxyError::InvalidRequest(_) => "invalid_request",
+            // One spelling for every client error, as OpenAI's API uses.
             e if e.status().is_client_error() => "invalid_request_error",
             _ => "proxy_error",
         }
@@ -85,6 +88,7 @@ impl ProxyError {
             ProxyError::BadEncoding { .. } => "bad_content_encoding",
             ProxyError::MethodNotAllowed(_) => "method_not_allowed",
             ProxyError::UnsupportedMediaType => "unsupported_media_type",
+            ProxyError::ReportNotFound => "report_not_found",
             ProxyError::InvalidRequest(_) => "validation_failed",
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",

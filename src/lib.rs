@@ -24,6 +24,7 @@ pub mod compaction;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod explain;
 pub mod format;
 pub mod memory_compact;
 pub mod metrics;

@@ -5,9 +5,12 @@
 //! `policy` a configured policy name, `tenant` a configured tenant or
 //! `other`, `status` one of [`Status`], `code` an HTTP status code.
 
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
+
 use prometheus::{
-    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
-    TextEncoder,
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, Opts, Registry, TextEncoder,
 };
 
 /// Route label of requests no route matched.
@@ -38,21 +41,41 @@ impl Status {
 
     /// The `x-compaction-status` header value.
     pub fn header(self) -> String {
+        self.to_string()
+    }
+
+    /// Position in a per-status array of series.
+    fn index(self) -> usize {
         match self {
-            Status::Skipped(reason) => format!("skipped; {reason}"),
-            other => other.label().to_owned(),
+            Status::Compacted => 0,
+            Status::Unchanged => 1,
+            Status::Skipped(_) => 2,
+            Status::Bypassed => 3,
+            Status::DryRun => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Status::Skipped(reason) => write!(f, "skipped; {reason}"),
+            other => f.write_str(other.label()),
         }
     }
 }
 
 /// The loss figures reported in headers and metrics.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct LossSummary {
     pub input_chars: usize,
     pub output_chars: usize,
     pub input_messages: usize,
     pub output_messages: usize,
+    /// Messages removed (dedupe and drop), as the report's `loss` counts.
     pub dropped_messages: usize,
+    /// Of `dropped_messages`, those the dedupe stage removed.
+    pub deduped_messages: usize,
     pub trimmed_messages: usize,
     pub retained_ratio: f64,
     pub budget_met: bool,
@@ -75,6 +98,7 @@ impl LossSummary {
             input_messages: messages,
             output_messages: messages,
             dropped_messages: 0,
+            deduped_messages: 0,
             trimmed_messages: 0,
             retained_ratio: 1.0,
             budget_met: true,
@@ -101,6 +125,7 @@ impl LossSummary {
             input_messages: report.loss.input_messages,
             output_messages: report.loss.output_messages,
             dropped_messages: report.loss.dropped_messages,
+            deduped_messages: report.stages.dedupe.removed_messages,
             trimmed_messages: report.loss.trimmed_messages,
             retained_ratio: report.loss.retained_char_ratio,
             budget_met: report.budget.budget_met,
@@ -119,40 +144,109 @@ pub struct Metrics {
     input_chars: IntCounterVec,
     output_chars: IntCounterVec,
     dropped_messages: IntCounterVec,
+    deduped_messages: IntCounterVec,
     trimmed_messages: IntCounterVec,
     budget_missed: IntCounterVec,
     pass_chars: IntCounterVec,
     input_tokens: IntCounterVec,
     output_tokens: IntCounterVec,
+    skipped: IntCounterVec,
     retained_ratio: HistogramVec,
     compaction_duration: HistogramVec,
     upstream_duration: HistogramVec,
+    upstream_first_byte: HistogramVec,
     upstream_responses: IntCounterVec,
     cache_hits: IntCounterVec,
     cache_misses: IntCounterVec,
+    config_reloads: IntCounterVec,
+    /// Label-resolved series per (route, policy, tenant): looking a label
+    /// set up in a metric vector hashes the values and takes a lock, per
+    /// metric; a request resolves its set here once instead.
+    series: RwLock<SeriesMap>,
+}
+
+/// route -> policy -> tenant -> series; nested so a lookup borrows `&str`s.
+type SeriesMap = HashMap<String, HashMap<String, HashMap<String, Arc<Series>>>>;
+
+/// The series of one (route, policy, tenant), each created on first use so
+/// the exposition shows only label sets that occurred.
+struct Series {
+    route: String,
+    policy: String,
+    tenant: String,
+    requests: [OnceLock<IntCounter>; 5],
+    input_chars: OnceLock<IntCounter>,
+    output_chars: OnceLock<IntCounter>,
+    dropped_messages: OnceLock<IntCounter>,
+    deduped_messages: OnceLock<IntCounter>,
+    trimmed_messages: OnceLock<IntCounter>,
+    budget_missed: OnceLock<IntCounter>,
+    retained_ratio: OnceLock<Histogram>,
+    compaction_duration: OnceLock<Histogram>,
+    upstream_duration: OnceLock<Histogram>,
+    upstream_first_byte: OnceLock<Histogram>,
+}
+
+impl Series {
+    fn new(route: &str, policy: &str, tenant: &str) -> Self {
+        Series {
+            route: route.to_owned(),
+            policy: policy.to_owned(),
+            tenant: tenant.to_owned(),
+            requests: Default::default(),
+            input_chars: OnceLock::new(),
+            output_chars: OnceLock::new(),
+            dropped_messages: OnceLock::new(),
+            deduped_messages: OnceLock::new(),
+            trimmed_messages: OnceLock::new(),
+            budget_missed: OnceLock::new(),
+            retained_ratio: OnceLock::new(),
+            compaction_duration: OnceLock::new(),
+            upstream_duration: OnceLock::new(),
+            upstream_first_byte: OnceLock::new(),
+        }
+    }
+
+    fn loss<'a>(&self, cell: &'a OnceLock<IntCounter>, vec: &IntCounterVec) -> &'a IntCounter {
+        cell.get_or_init(|| vec.with_label_values(&[&self.route, &self.policy, &self.tenant]))
+    }
 }
 
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
-/// `_count` series of histograms).
-pub const FAMILIES: [&str; 15] = [
+/// `_count` series of histograms). The `process_*` families of the
+/// Prometheus process collector (RSS, open fds, CPU) come on top.
+pub const FAMILIES: [&str; 19] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
     "compaction_proxy_dropped_messages_total",
+    "compaction_proxy_deduped_messages_total",
     "compaction_proxy_trimmed_messages_total",
     "compaction_proxy_budget_missed_total",
     "compaction_proxy_pass_chars_total",
     "compaction_proxy_input_tokens_total",
     "compaction_proxy_output_tokens_total",
+    "compaction_proxy_skipped_total",
     "compaction_proxy_retained_ratio",
     "compaction_proxy_compaction_duration_seconds",
     "compaction_proxy_upstream_duration_seconds",
+    "compaction_proxy_upstream_first_byte_seconds",
     "compaction_proxy_upstream_responses_total",
     "compaction_proxy_cache_hits_total",
     "compaction_proxy_cache_misses_total",
+    "compaction_proxy_config_reloads_total",
 ];
 
 const LOSS_LABELS: &[&str] = &["route", "policy", "tenant"];
+
+/// Upstream latency buckets, from a fast local model to a 10-minute stream.
+const UPSTREAM_BUCKETS: [f64; 15] = [
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Values of the `result` label of `config_reloads_total`.
+pub const RELOAD_APPLIED: &str = "applied";
+pub const RELOAD_REFUSED: &str = "refused";
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -182,6 +276,21 @@ impl Metrics {
                 .expect("unique metric");
             h
         };
+        // RSS, open fds, CPU seconds, start time (Linux only; elsewhere the
+        // collector exports nothing).
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("unique metric");
+        let config_reloads = counter(
+            "config_reloads_total",
+            "Configuration reloads (SIGHUP or file change) by result: applied or refused.",
+            &["result"],
+        );
+        for result in [RELOAD_APPLIED, RELOAD_REFUSED] {
+            config_reloads.with_label_values(&[result]);
+        }
         Metrics {
             requests: counter(
                 "requests_total",
@@ -196,7 +305,12 @@ impl Metrics {
             ),
             dropped_messages: counter(
                 "dropped_messages_total",
-                "Messages removed (dedupe and drop).",
+                "Messages removed (dedupe and drop, as the report's loss counts them).",
+                LOSS_LABELS,
+            ),
+            deduped_messages: counter(
+                "deduped_messages_total",
+                "Messages removed by the dedupe stage (a part of dropped_messages_total).",
                 LOSS_LABELS,
             ),
             trimmed_messages: counter(
@@ -224,9 +338,14 @@ impl Metrics {
                 "Message tokens forwarded (policies with a token budget).",
                 LOSS_LABELS,
             ),
+            skipped: counter(
+                "skipped_total",
+                "Requests forwarded uncompacted (status skipped), by reason (a fixed set).",
+                &["route", "policy", "reason"],
+            ),
             retained_ratio: histogram(
                 "retained_ratio",
-                "Share of message chars forwarded, per compacted request.",
+                "Share of message chars forwarded, per compacted request (status compacted only).",
                 LOSS_LABELS,
                 vec![
                     0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0,
@@ -242,10 +361,13 @@ impl Metrics {
                 "upstream_duration_seconds",
                 "Time from forwarding to the end of the upstream response body (streams included).",
                 &["route"],
-                vec![
-                    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
-                    300.0, 600.0,
-                ],
+                UPSTREAM_BUCKETS.to_vec(),
+            ),
+            upstream_first_byte: histogram(
+                "upstream_first_byte_seconds",
+                "Time from forwarding to the upstream's response headers (time to first byte).",
+                &["route"],
+                UPSTREAM_BUCKETS.to_vec(),
             ),
             upstream_responses: counter(
                 "upstream_responses_total",
@@ -258,6 +380,8 @@ impl Metrics {
                 &["policy"],
             ),
             cache_misses: counter("cache_misses_total", "Compactions computed.", &["policy"]),
+            config_reloads,
+            series: RwLock::new(HashMap::new()),
             registry,
         }
     }
@@ -282,6 +406,36 @@ impl Metrics {
             misses.inc()
         }
     }
+
+    /// Counts one configuration reload by its result
+    /// ([`RELOAD_APPLIED`] or [`RELOAD_REFUSED`]).
+    pub fn config_reload(&self, result: &'static str) {
+        self.config_reloads.with_label_values(&[result]).inc();
+    }
+
+    /// The series of one label set, resolved once and reused. Labels are
+    /// bounded (configured routes, policies, tenants), so is this map.
+    fn series(&self, route: &str, policy: &str, tenant: &str) -> Arc<Series> {
+        let found = self
+            .series
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(route)
+            .and_then(|p| p.get(policy))
+            .and_then(|t| t.get(tenant))
+            .cloned();
+        if let Some(found) = found {
+            return found;
+        }
+        let mut map = self.series.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(route.to_owned())
+            .or_default()
+            .entry(policy.to_owned())
+            .or_default()
+            .entry(tenant.to_owned())
+            .or_insert_with(|| Arc::new(Series::new(route, policy, tenant)))
+            .clone()
+    }
 }
 
 /// Everything known about one finished request.
@@ -297,6 +451,8 @@ pub struct RequestEvent {
     pub loss: Option<LossSummary>,
     pub compaction_seconds: Option<f64>,
     pub upstream_status: Option<u16>,
+    /// Time from forwarding to the upstream's response headers.
+    pub upstream_first_byte_seconds: Option<f64>,
     pub upstream_seconds: Option<f64>,
     pub response_status: u16,
     pub total_seconds: f64,
@@ -354,6 +510,7 @@ impl RequestEvent {
             loss: None,
             compaction_seconds: None,
             upstream_status: None,
+            upstream_first_byte_seconds: None,
             upstream_seconds: None,
             response_status: 0,
             total_seconds: 0.0,
@@ -366,29 +523,41 @@ impl RequestEvent {
     /// Records the event in `metrics` and writes its log line.
     pub fn emit(&self, metrics: &Metrics) {
         let policy = self.policy.as_deref().unwrap_or("none");
+        let series = metrics.series(&self.route, policy, &self.tenant);
         if let Some(status) = self.status {
-            metrics
-                .requests
-                .with_label_values(&[&self.route, policy, &self.tenant, status.label()])
+            series.requests[status.index()]
+                .get_or_init(|| {
+                    metrics.requests.with_label_values(&[
+                        &self.route,
+                        policy,
+                        &self.tenant,
+                        status.label(),
+                    ])
+                })
                 .inc();
+            if let Status::Skipped(reason) = status {
+                // `reason` is one of the proxy's own &'static str: bounded.
+                metrics
+                    .skipped
+                    .with_label_values(&[&self.route, policy, reason])
+                    .inc();
+            }
         }
         if let Some(loss) = &self.loss {
-            let labels = [self.route.as_str(), policy, self.tenant.as_str()];
-            metrics
-                .input_chars
-                .with_label_values(&labels)
+            series
+                .loss(&series.input_chars, &metrics.input_chars)
                 .inc_by(loss.input_chars as u64);
-            metrics
-                .output_chars
-                .with_label_values(&labels)
+            series
+                .loss(&series.output_chars, &metrics.output_chars)
                 .inc_by(loss.output_chars as u64);
-            metrics
-                .dropped_messages
-                .with_label_values(&labels)
+            series
+                .loss(&series.dropped_messages, &metrics.dropped_messages)
                 .inc_by(loss.dropped_messages as u64);
-            metrics
-                .trimmed_messages
-                .with_label_values(&labels)
+            series
+                .loss(&series.deduped_messages, &metrics.deduped_messages)
+                .inc_by(loss.deduped_messages as u64);
+            series
+                .loss(&series.trimmed_messages, &metrics.trimmed_messages)
                 .inc_by(loss.trimmed_messages as u64);
             for (pass, chars) in [
                 ("pruned", loss.pruned_chars),
@@ -397,10 +566,11 @@ impl RequestEvent {
             ] {
                 metrics
                     .pass_chars
-                    .with_label_values(&[labels[0], labels[1], labels[2], pass])
+                    .with_label_values(&[self.route.as_str(), policy, self.tenant.as_str(), pass])
                     .inc_by(chars as u64);
             }
             if let (Some(input), Some(output)) = (loss.input_tokens, loss.output_tokens) {
+                let labels = [self.route.as_str(), policy, self.tenant.as_str()];
                 metrics
                     .input_tokens
                     .with_label_values(&labels)
@@ -412,19 +582,33 @@ impl RequestEvent {
             }
             // Created at 0 on the first request of a label set, so the series
             // exists (and rates read 0, not "no data") before any miss.
-            let missed = metrics.budget_missed.with_label_values(&labels);
+            let missed = series.loss(&series.budget_missed, &metrics.budget_missed);
             if !loss.budget_met {
                 missed.inc();
             }
-            metrics
-                .retained_ratio
-                .with_label_values(&labels)
-                .observe(loss.retained_ratio);
+            // Only requests whose messages were cut: an unchanged request's
+            // 1.0 would pull every percentile to 1 and hide the loss.
+            if self.status == Some(Status::Compacted) {
+                series
+                    .retained_ratio
+                    .get_or_init(|| {
+                        metrics.retained_ratio.with_label_values(&[
+                            &self.route,
+                            policy,
+                            &self.tenant,
+                        ])
+                    })
+                    .observe(loss.retained_ratio);
+            }
         }
         if let Some(seconds) = self.compaction_seconds {
-            metrics
+            series
                 .compaction_duration
-                .with_label_values(&[&self.route, policy])
+                .get_or_init(|| {
+                    metrics
+                        .compaction_duration
+                        .with_label_values(&[&self.route, policy])
+                })
                 .observe(seconds);
         }
         if let Some(code) = self.upstream_status {
@@ -433,20 +617,35 @@ impl RequestEvent {
                 .with_label_values(&[self.route.as_str(), code.to_string().as_str()])
                 .inc();
         }
+        if let Some(seconds) = self.upstream_first_byte_seconds {
+            series
+                .upstream_first_byte
+                .get_or_init(|| {
+                    metrics
+                        .upstream_first_byte
+                        .with_label_values(&[&self.route])
+                })
+                .observe(seconds);
+        }
         if let Some(seconds) = self.upstream_seconds {
-            metrics
+            series
                 .upstream_duration
-                .with_label_values(&[&self.route])
+                .get_or_init(|| metrics.upstream_duration.with_label_values(&[&self.route]))
                 .observe(seconds);
         }
         self.log();
     }
 
+    /// One line per request. It stays on at the default level (INFO): it is
+    /// the only per-request trace an operator has when a client reports a
+    /// failure, and `RUST_LOG=compaction_proxy::metrics=warn` turns the
+    /// ordinary ones off. It is kept cheap: no allocation for its fields,
+    /// durations rounded to microseconds, no colour off a terminal.
     fn log(&self) {
-        let status = self.status.map(Status::header);
         let (chars_in, chars_out) = self.loss.map_or((None, None), |l| {
             (Some(l.input_chars), Some(l.output_chars))
         });
+        let ms = |seconds: f64| (seconds * 1e6).round() / 1e3;
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
@@ -455,14 +654,14 @@ impl RequestEvent {
                     route = %self.route,
                     policy = self.policy.as_deref(),
                     tenant = %self.tenant,
-                    compaction = status.as_deref(),
+                    compaction = self.status.as_ref().map(tracing::field::display),
                     chars_in,
                     chars_out,
                     response_status = self.response_status,
                     upstream_status = self.upstream_status,
-                    compaction_ms = self.compaction_seconds.map(|s| s * 1e3),
-                    upstream_ms = self.upstream_seconds.map(|s| s * 1e3),
-                    total_ms = self.total_seconds * 1e3,
+                    compaction_ms = self.compaction_seconds.map(ms),
+                    upstream_ms = self.upstream_seconds.map(ms),
+                    total_ms = ms(self.total_seconds),
                     ending = self.ending.label(),
                     error = self.ending.detail(),
                     "request"
@@ -481,48 +680,63 @@ impl RequestEvent {
 mod tests {
     use super::*;
 
+    fn event(status: Status, loss: Option<LossSummary>) -> RequestEvent {
+        RequestEvent {
+            route: "/v1/chat/completions".into(),
+            policy: Some("p".into()),
+            status: Some(status),
+            loss,
+            compaction_seconds: Some(0.001),
+            upstream_status: Some(200),
+            upstream_first_byte_seconds: Some(0.05),
+            upstream_seconds: Some(0.2),
+            response_status: 200,
+            total_seconds: 0.2,
+            ..RequestEvent::new(http::Method::POST, "/v1/chat/completions".into())
+        }
+    }
+
+    fn loss(ratio: f64) -> LossSummary {
+        LossSummary {
+            input_chars: 10,
+            output_chars: 4,
+            input_messages: 3,
+            output_messages: 1,
+            dropped_messages: 2,
+            deduped_messages: 1,
+            trimmed_messages: 0,
+            retained_ratio: ratio,
+            budget_met: false,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
+            input_tokens: Some(5),
+            output_tokens: Some(3),
+        }
+    }
+
+    /// The value of the one sample of `name` whose labels include `labels`.
+    fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .find(|l| labels.iter().all(|kv| l.contains(kv)))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
     #[test]
     fn exported_families_match_the_registered_ones() {
         let m = Metrics::new();
         m.cache_lookup("p", true);
-        let event = RequestEvent {
-            method: http::Method::POST,
-            path: "/v1/chat/completions".into(),
-            route: "/v1/chat/completions".into(),
-            policy: Some("p".into()),
-            tenant: "other".into(),
-            status: Some(Status::Compacted),
-            loss: Some(LossSummary {
-                input_chars: 10,
-                output_chars: 4,
-                input_messages: 3,
-                output_messages: 2,
-                dropped_messages: 1,
-                trimmed_messages: 0,
-                retained_ratio: 0.4,
-                budget_met: false,
-                pruned_chars: 0,
-                clipped_chars: 0,
-                deduped_tool_chars: 0,
-                input_tokens: Some(5),
-                output_tokens: Some(3),
-            }),
-            compaction_seconds: Some(0.001),
-            upstream_status: Some(200),
-            upstream_seconds: Some(0.2),
-            response_status: 200,
-            total_seconds: 0.2,
-            format: None,
-            rebased: false,
-            ending: Ending::Complete,
-        };
-        event.emit(&m);
+        event(Status::Compacted, Some(loss(0.4))).emit(&m);
+        event(Status::Skipped("invalid-json"), None).emit(&m);
         m.cache_lookup("p", false);
+        m.config_reload(RELOAD_APPLIED);
         let mut names: Vec<String> = m
             .registry
             .gather()
             .iter()
             .map(|f| f.name().to_owned())
+            .filter(|n| n.starts_with("compaction_proxy_"))
             .collect();
         names.sort();
         let mut expected: Vec<String> = FAMILIES.iter().map(|s| s.to_string()).collect();
@@ -533,5 +747,147 @@ mod tests {
             "compaction_proxy_requests_total{policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 1"
         ), "{text}");
         assert!(text.contains("compaction_proxy_budget_missed_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 1"));
+    }
+
+    #[test]
+    fn retained_ratio_observes_compacted_requests_only() {
+        let m = Metrics::new();
+        event(Status::Compacted, Some(loss(0.4))).emit(&m);
+        event(Status::Unchanged, Some(LossSummary::unchanged(10, 3))).emit(&m);
+        event(Status::DryRun, Some(loss(0.5))).emit(&m);
+        let text = m.render();
+        assert_eq!(
+            sample(&text, "compaction_proxy_retained_ratio_count", &[]),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "compaction_proxy_retained_ratio_sum", &[]),
+            Some(0.4)
+        );
+        assert_eq!(
+            sample(&text, "compaction_proxy_input_chars_total", &[]),
+            Some(30.0),
+            "the other counters still count every request with a loss"
+        );
+        assert_eq!(
+            sample(&text, "compaction_proxy_deduped_messages_total", &[]),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "compaction_proxy_dropped_messages_total", &[]),
+            Some(4.0)
+        );
+    }
+
+    #[test]
+    fn skip_reasons_reload_results_and_first_byte_are_counted() {
+        let m = Metrics::new();
+        event(Status::Skipped("invalid-json"), None).emit(&m);
+        event(Status::Skipped("invalid-json"), None).emit(&m);
+        event(Status::Skipped("too-many-messages"), None).emit(&m);
+        m.config_reload(RELOAD_REFUSED);
+        let text = m.render();
+        let skipped = |reason: &str| {
+            sample(
+                &text,
+                "compaction_proxy_skipped_total",
+                &[&format!("reason=\"{reason}\"")],
+            )
+        };
+        assert_eq!(skipped("invalid-json"), Some(2.0), "{text}");
+        assert_eq!(skipped("too-many-messages"), Some(1.0));
+        let reloads = |result: &str| {
+            sample(
+                &text,
+                "compaction_proxy_config_reloads_total",
+                &[&format!("result=\"{result}\"")],
+            )
+        };
+        assert_eq!(
+            (reloads("applied"), reloads("refused")),
+            (Some(0.0), Some(1.0))
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "compaction_proxy_upstream_first_byte_seconds_count",
+                &[]
+            ),
+            Some(3.0)
+        );
+    }
+
+    #[test]
+    fn label_sets_resolve_to_the_same_series_each_time() {
+        let m = Metrics::new();
+        let a = m.series("/r", "p", "t");
+        let b = m.series("/r", "p", "t");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &m.series("/r", "p", "other")));
+        for _ in 0..3 {
+            event(Status::Compacted, Some(loss(0.4))).emit(&m);
+        }
+        let text = m.render();
+        assert_eq!(
+            sample(&text, "compaction_proxy_input_chars_total", &[]),
+            Some(30.0)
+        );
+    }
+
+    /// Collects what a JSON subscriber writes while `f` runs.
+    fn json_log_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = sink.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn the_log_line_rounds_durations_to_microseconds() {
+        let m = Metrics::new();
+        let mut e = event(Status::Compacted, Some(loss(0.4)));
+        e.total_seconds = 0.002_327_405;
+        e.compaction_seconds = Some(0.000_123_456_7);
+        e.upstream_seconds = Some(1.0 / 3.0);
+        let log = json_log_of(|| e.emit(&m));
+        let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        let fields = &line["fields"];
+        assert_eq!(fields["total_ms"], 2.327, "{log}");
+        assert_eq!(fields["compaction_ms"], 0.123, "{log}");
+        assert_eq!(fields["upstream_ms"], 333.333, "{log}");
+        assert_eq!(fields["compaction"], "compacted", "{log}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_metrics_are_exported() {
+        let text = Metrics::new().render();
+        for name in [
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_cpu_seconds_total",
+        ] {
+            assert!(
+                sample(&text, name, &[]).is_some(),
+                "{name} missing:\n{text}"
+            );
+        }
     }
 }

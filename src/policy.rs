@@ -14,7 +14,7 @@ use rustls_pki_types::CertificateDer;
 
 use crate::compaction::agent::AgentPolicy;
 use crate::compaction::tokens::Encoding;
-use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig};
+use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig, Scoring};
 use crate::engine::Policy;
 use crate::format::Format;
 
@@ -34,6 +34,9 @@ pub struct CompiledPolicy {
     pub pin_patterns: RegexSet,
     pub allow_bypass: bool,
     pub dry_run: bool,
+    pub allow_report: bool,
+    /// `scoring = "relevance"`: the request header whose text is the goal.
+    pub relevance_goal_header: Option<HeaderName>,
     /// Stable mode's low-water mark and kept head, as shares of the budget.
     pub stable_target_ratio: f64,
     pub stable_head_ratio: f64,
@@ -44,6 +47,10 @@ pub struct CompiledPolicy {
     /// The encoding for models the token table does not know.
     pub tokenizer_fallback: Encoding,
 }
+
+/// The most chars of a goal header that join the relevance query: a goal
+/// is a sentence or two, and the query's cost grows with its terms.
+pub const MAX_GOAL_CHARS: usize = 2000;
 
 fn next_policy_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -62,11 +69,48 @@ impl CompiledPolicy {
             pin_patterns: RegexSet::empty(),
             allow_bypass: false,
             dry_run: false,
+            allow_report: false,
+            relevance_goal_header: None,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
             agent: crate::compaction::agent::AgentPolicy::OFF,
             budget_tokens: None,
             tokenizer_fallback: Encoding::O200kBase,
+        }
+    }
+
+    /// The goal a request gives in the policy's `relevance_goal_header`:
+    /// its text when the header is set, valid UTF-8 and not blank, cut to
+    /// [`MAX_GOAL_CHARS`]. `None` for every request when the policy names no
+    /// header.
+    pub fn relevance_goal(&self, headers: &HeaderMap) -> Option<String> {
+        let value = headers.get(self.relevance_goal_header.as_ref()?)?;
+        let text = std::str::from_utf8(value.as_bytes()).ok()?.trim();
+        (!text.is_empty())
+            .then(|| crate::engine::text::char_prefix(text, MAX_GOAL_CHARS).to_owned())
+    }
+
+    /// This policy for a request that gives `goal`: the same policy, same
+    /// id, with the goal joining the relevance query. A goal changes the
+    /// outcome but not the cache key, so an outcome computed under it must
+    /// not be cached.
+    pub fn with_goal(&self, goal: String) -> CompiledPolicy {
+        CompiledPolicy {
+            id: self.id,
+            name: self.name.clone(),
+            engine: self.engine.with_goal(Some(goal)),
+            mode: self.mode,
+            pin_first_user: self.pin_first_user,
+            pin_patterns: self.pin_patterns.clone(),
+            allow_bypass: self.allow_bypass,
+            dry_run: self.dry_run,
+            allow_report: self.allow_report,
+            relevance_goal_header: self.relevance_goal_header.clone(),
+            stable_target_ratio: self.stable_target_ratio,
+            stable_head_ratio: self.stable_head_ratio,
+            agent: self.agent.clone(),
+            budget_tokens: self.budget_tokens,
+            tokenizer_fallback: self.tokenizer_fallback,
         }
     }
 }
@@ -251,13 +295,22 @@ impl Runtime {
 
         let mut routes = Vec::new();
         for (i, r) in config.routes.iter().enumerate() {
-            if !r.path.starts_with('/') {
+            if r.path.is_empty() {
+                problem(
+                    format!("routes[{i}].path"),
+                    "is required: an exact path, or a prefix ending in *".into(),
+                );
+            } else if !r.path.starts_with('/') {
                 problem(format!("routes[{i}].path"), "must start with /".into());
             }
             let format = r.format.unwrap_or_else(|| Format::for_path(&r.path));
             match policies.get(&r.policy) {
                 Some(policy) => routes.push(Route::new(&r.path, format, policy.clone())),
                 None if config.policies.contains_key(&r.policy) => {} // already reported
+                None if r.policy.is_empty() => problem(
+                    format!("routes[{i}].policy"),
+                    "is required: the name of a policy".into(),
+                ),
                 None => problem(
                     format!("routes[{i}].policy"),
                     format!("no policy named {:?}", r.policy),
@@ -374,50 +427,47 @@ fn parse_upstream(url: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
-fn compile_policy(
-    name: &str,
-    p: &PolicyConfig,
-) -> Result<CompiledPolicy, Vec<(&'static str, String)>> {
+fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(String, String)>> {
     let mut problems = Vec::new();
     if p.budget_chars == 0 {
-        problems.push(("budget_chars", "must be at least 1".to_owned()));
+        problems.push(("budget_chars".into(), "must be at least 1".to_owned()));
     }
     if !(p.duplicate_threshold > 0.0 && p.duplicate_threshold <= 1.0) {
-        problems.push(("duplicate_threshold", "must be in (0, 1]".to_owned()));
+        problems.push(("duplicate_threshold".into(), "must be in (0, 1]".to_owned()));
     }
     if p.keep_last_n == 0 {
         // With nothing protected the drop stage may remove every message,
         // and an empty `messages` array is a request the upstream refuses.
         problems.push((
-            "keep_last_n",
+            "keep_last_n".into(),
             "must be at least 1 in the proxy: the latest message is the one the model answers"
                 .to_owned(),
         ));
     }
     if p.max_message_chars == 0 {
-        problems.push(("max_message_chars", "must be at least 1".to_owned()));
+        problems.push(("max_message_chars".into(), "must be at least 1".to_owned()));
     }
     if !(p.stable_target_ratio > 0.0 && p.stable_target_ratio <= 1.0) {
-        problems.push(("stable_target_ratio", "must be in (0, 1]".to_owned()));
+        problems.push(("stable_target_ratio".into(), "must be in (0, 1]".to_owned()));
     }
     if !(p.stable_head_ratio >= 0.0 && p.stable_head_ratio < p.stable_target_ratio) {
         problems.push((
-            "stable_head_ratio",
+            "stable_head_ratio".into(),
             "must be in [0, stable_target_ratio)".to_owned(),
         ));
     }
     if !(p.protect_tool_share >= 0.0 && p.protect_tool_share <= 1.0) {
-        problems.push(("protect_tool_share", "must be in [0, 1]".to_owned()));
+        problems.push(("protect_tool_share".into(), "must be in [0, 1]".to_owned()));
     }
     if !(p.tool_duplicate_threshold >= 0.0 && p.tool_duplicate_threshold <= 1.0) {
         problems.push((
-            "tool_duplicate_threshold",
+            "tool_duplicate_threshold".into(),
             "must be in [0, 1] (0 turns tool dedupe off)".to_owned(),
         ));
     }
     if p.max_tool_result_chars > 0 && p.max_tool_result_chars < AgentPolicy::MIN_KEPT_CHARS {
         problems.push((
-            "max_tool_result_chars",
+            "max_tool_result_chars".into(),
             format!(
                 "must be 0 (off) or at least {}: head and tail need room",
                 AgentPolicy::MIN_KEPT_CHARS
@@ -426,7 +476,7 @@ fn compile_policy(
     }
     if p.max_arg_chars > 0 && p.max_arg_chars < AgentPolicy::MIN_KEPT_CHARS {
         problems.push((
-            "max_arg_chars",
+            "max_arg_chars".into(),
             format!(
                 "must be 0 (off) or at least {}",
                 AgentPolicy::MIN_KEPT_CHARS
@@ -436,27 +486,62 @@ fn compile_policy(
     let tokenizer_fallback = Encoding::parse(&p.tokenizer_fallback);
     if tokenizer_fallback.is_none() {
         problems.push((
-            "tokenizer_fallback",
+            "tokenizer_fallback".into(),
             "must be \"o200k_base\" or \"cl100k_base\"".to_owned(),
         ));
     }
     if (p.budget_tokens > 0 || p.trigger_tokens > 0) && p.mode == Mode::Stable {
         problems.push((
-            "budget_tokens",
+            "budget_tokens".into(),
             "token budgets and triggers apply in exact mode only".to_owned(),
         ));
     }
     for tool in &p.excluded_tools {
         if p.eligible_tools.contains(tool) {
             problems.push((
-                "eligible_tools",
+                "eligible_tools".into(),
                 format!("{tool:?} is also in excluded_tools"),
             ));
         }
     }
+    for (key, value) in [
+        ("pin_relevant_above", p.pin_relevant_above),
+        ("relevant_pin_share", p.relevant_pin_share),
+    ] {
+        if value.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+            problems.push((key.into(), "must be in [0, 1]".to_owned()));
+        }
+    }
+    let relevance_goal_header = p
+        .relevance_goal_header
+        .as_deref()
+        .map(|h| HeaderName::try_from(h).map_err(|_| format!("{h:?} is not a valid header name")));
+    if let Some(Err(e)) = &relevance_goal_header {
+        problems.push(("relevance_goal_header".into(), e.clone()));
+    }
+    if p.scoring == Scoring::Seed {
+        for (key, set) in [
+            ("pin_relevant_above", p.pin_relevant_above.is_some()),
+            ("relevant_pin_share", p.relevant_pin_share.is_some()),
+            ("relevance_goal_header", p.relevance_goal_header.is_some()),
+        ] {
+            if set {
+                problems.push((
+                    key.into(),
+                    "has no effect unless scoring = \"relevance\"".to_owned(),
+                ));
+            }
+        }
+    }
+    // Each pattern on its own first, so every bad one is named by index.
+    for (i, pattern) in p.pin_patterns.iter().enumerate() {
+        if let Err(e) = regex::Regex::new(pattern) {
+            problems.push((format!("pin_patterns[{i}]"), e.to_string()));
+        }
+    }
     let pin_patterns = RegexSet::new(&p.pin_patterns).map_err(|e| e.to_string());
-    if let Err(e) = &pin_patterns {
-        problems.push(("pin_patterns", e.clone()));
+    if let (Err(e), true) = (&pin_patterns, problems.is_empty()) {
+        problems.push(("pin_patterns".into(), e.clone()));
     }
     match pin_patterns {
         Ok(pin_patterns) if problems.is_empty() => Ok(CompiledPolicy {
@@ -468,6 +553,8 @@ fn compile_policy(
             pin_patterns,
             allow_bypass: p.allow_bypass,
             dry_run: p.dry_run,
+            allow_report: p.allow_report,
+            relevance_goal_header: relevance_goal_header.and_then(Result::ok),
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,
             agent: p.agent_policy(),
@@ -523,6 +610,24 @@ mod tests {
     }
 
     #[test]
+    fn tenant_values_match_exactly_and_case_sensitively() {
+        // Tenant ids are opaque keys (often from an auth layer): folding
+        // case could merge two tenants, so `Acme` is not `acme`. The header
+        // name, like every HTTP header name, matches in any case.
+        let rt =
+            runtime("[policies.small]\nbudget_chars = 10\n[tenants.policies]\nacme = \"small\"")
+                .unwrap();
+        let tenant_of = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("X-Tenant-Id", value.parse().unwrap());
+            rt.resolve("/v1/chat/completions", &headers).unwrap().tenant
+        };
+        assert_eq!(tenant_of("acme"), "acme");
+        assert_eq!(tenant_of("ACME"), OTHER_TENANT);
+        assert_eq!(tenant_of("Acme"), OTHER_TENANT);
+    }
+
+    #[test]
     fn unmatched_paths_resolve_to_nothing() {
         let rt = runtime("").unwrap();
         assert!(rt.resolve("/v1/models", &HeaderMap::new()).is_none());
@@ -565,7 +670,7 @@ mod tests {
                 "upstream.url",
                 "policies.bad.budget_chars",
                 "policies.bad.duplicate_threshold",
-                "policies.bad.pin_patterns",
+                "policies.bad.pin_patterns[0]",
                 "routes[0].path",
                 "routes[0].policy",
                 "tenants.policies.acme",

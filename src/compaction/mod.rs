@@ -138,13 +138,17 @@ pub fn compact(
         return compact_to_tokens(parsed, policy, encoding, budget_tokens, triggered);
     }
     let mut edits = agent::AgentEdits::default();
+    // Items the dedupe stage removed (exact mode; stable mode's replay
+    // reports its removals as drops).
+    let mut deduped = 0;
     let (plan, stable) = match policy.mode {
         crate::config::Mode::Exact => {
             if total <= budget || !triggered {
                 (None, None)
             } else {
-                let (plan, done) = run_passes(parsed, policy);
+                let (plan, done, removed) = run_passes(parsed, policy);
                 edits = done;
+                deduped = removed;
                 (plan, None)
             }
         }
@@ -172,7 +176,10 @@ pub fn compact(
         plan
     });
     let loss = match &plan {
-        Some(plan) => loss_with_passes(conversation, plan, budget, &edits),
+        Some(plan) => LossSummary {
+            deduped_messages: deduped,
+            ..loss_with_passes(conversation, plan, budget, &edits)
+        },
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
     Compacted { plan, loss, stable }
@@ -218,8 +225,8 @@ fn compact_to_tokens(
     let mut best = None;
     for _ in 0..6 {
         round.engine.budget_chars = chars_budget;
-        let (plan, edits) = if total <= chars_budget {
-            (None, agent::AgentEdits::default())
+        let (plan, edits, deduped) = if total <= chars_budget {
+            (None, agent::AgentEdits::default(), 0)
         } else {
             run_passes(parsed, &round)
         };
@@ -231,7 +238,10 @@ fn compact_to_tokens(
             .as_ref()
             .map_or(input_tokens, |p| encoding.plan(conversation, p));
         let loss = match &plan {
-            Some(plan) => loss_with_passes(conversation, plan, budget, &edits),
+            Some(plan) => LossSummary {
+                deduped_messages: deduped,
+                ..loss_with_passes(conversation, plan, budget, &edits)
+            },
             None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
         };
         let done = output_tokens <= budget_tokens || chars_budget == 0;
@@ -253,7 +263,11 @@ fn compact_to_tokens(
 /// Exact mode: the agent passes, then the engine on what they left, each
 /// stopping once the conversation fits. The plan is `None` when nothing
 /// changed.
-pub fn run_passes(parsed: &Parsed, policy: &CompiledPolicy) -> (Option<Plan>, agent::AgentEdits) {
+/// Also returns how many items the engine's dedupe stage removed.
+pub fn run_passes(
+    parsed: &Parsed,
+    policy: &CompiledPolicy,
+) -> (Option<Plan>, agent::AgentEdits, usize) {
     let conversation = &parsed.conversation;
     let protected = protected_items(conversation, policy);
     let edits = agent::run(
@@ -297,10 +311,11 @@ pub fn run_passes(parsed: &Parsed, policy: &CompiledPolicy) -> (Option<Plan>, ag
             p.arguments = args.clone();
         }
     }
+    let deduped = report.stages.dedupe.removed_messages;
     if !changes(&plan, conversation.items.len()) {
-        return (None, edits);
+        return (None, edits, deduped);
     }
-    (Some(plan), edits)
+    (Some(plan), edits, deduped)
 }
 
 /// The loss a plan reports against the conversation it came from.
@@ -349,6 +364,7 @@ pub fn loss_with_passes(
         input_messages: conversation.items.len(),
         output_messages: plan.items.len(),
         dropped_messages: conversation.items.len() - plan.items.len(),
+        deduped_messages: 0,
         trimmed_messages: trimmed,
         retained_ratio: if input_chars == 0 {
             1.0

@@ -120,6 +120,12 @@ pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkp
     let mut hasher = Xxh3::new();
     hasher.update(&policy.id.to_le_bytes());
     hasher.update(parsed.format.as_str().as_bytes());
+    // A request's relevance goal changes what a re-compaction keeps.
+    if let engine::ScoringMethod::Relevance(r) = &policy.engine.scoring {
+        let goal = r.goal.as_deref().unwrap_or_default();
+        hasher.update(&(goal.len() as u64).to_le_bytes());
+        hasher.update(goal.as_bytes());
+    }
     let mut keys = Vec::with_capacity(units.len());
     let mut start = 0;
     for &end in &units {

@@ -25,6 +25,7 @@
 pub mod dedupe;
 mod drop;
 mod pin;
+pub mod relevance;
 mod report;
 mod score;
 pub mod text;
@@ -119,7 +120,64 @@ pub struct Policy {
     /// threshold, so messages sharing no word are never duplicates.
     pub duplicate_threshold: f64,
     pub max_message_chars: usize,
+    /// How drop candidates are scored; [`ScoringMethod::Seed`] is the spec's.
+    pub scoring: ScoringMethod,
 }
+
+/// How the engine scores drop candidates.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum ScoringMethod {
+    /// The score of `COMPACTION.md`: recency, role and topic overlap.
+    #[default]
+    Seed,
+    /// The seed score plus [`RELEVANCE_WEIGHT`] times the candidate's
+    /// relevance to the latest user message (see [`relevance`]), and pins
+    /// for the most relevant candidates.
+    Relevance(RelevancePolicy),
+}
+
+/// The knobs of `scoring = "relevance"`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelevancePolicy {
+    /// Candidates whose normalised relevance (in [0, 1], the most relevant
+    /// message has 1) is at least this are protected with reason
+    /// `relevant`, most relevant first, while they fit the pin share.
+    pub pin_relevant_above: f64,
+    /// The share of the budget relevance pins may take, in [0, 1]. They
+    /// never take chars the already protected messages (the recent tail,
+    /// kept roles, explicit pins) need: the cap is the smaller of this
+    /// share of the budget and what the budget has left after those.
+    pub relevant_pin_share: f64,
+    /// A per-request goal whose terms join the query (the proxy reads it
+    /// from the header the policy names).
+    pub goal: Option<String>,
+}
+
+impl RelevancePolicy {
+    /// Pins the top candidate and any within half of its relevance: on
+    /// generated fact-retention chats, a lower threshold spends the pin
+    /// share on distractors, a higher one misses a fact the question
+    /// paraphrases (see `benches/relevance.rs`).
+    pub const DEFAULT_PIN_RELEVANT_ABOVE: f64 = 0.5;
+    /// Leaves most of the budget to the score order and the recent tail.
+    pub const DEFAULT_RELEVANT_PIN_SHARE: f64 = 0.3;
+}
+
+impl Default for RelevancePolicy {
+    fn default() -> Self {
+        RelevancePolicy {
+            pin_relevant_above: Self::DEFAULT_PIN_RELEVANT_ABOVE,
+            relevant_pin_share: Self::DEFAULT_RELEVANT_PIN_SHARE,
+            goal: None,
+        }
+    }
+}
+
+/// What the relevance of a candidate adds to its drop score. The seed score
+/// lies in [0.15, 1], so a message with relevance 1 outranks every
+/// irrelevant one whatever its age, and one with relevance 0.5 outranks
+/// irrelevant messages up to half the history younger.
+pub const RELEVANCE_WEIGHT: f64 = 1.0;
 
 impl Policy {
     pub const DEFAULT_KEEP_LAST_N: usize = 5;
@@ -134,7 +192,18 @@ impl Policy {
             keep_roles: vec![Role::System],
             duplicate_threshold: Self::DEFAULT_DUPLICATE_THRESHOLD,
             max_message_chars: Self::DEFAULT_MAX_MESSAGE_CHARS,
+            scoring: ScoringMethod::Seed,
         }
+    }
+
+    /// This policy with `goal` as the relevance goal of one request; a seed
+    /// policy has no use for a goal and is returned as it is.
+    pub fn with_goal(&self, goal: Option<String>) -> Policy {
+        let mut policy = self.clone();
+        if let ScoringMethod::Relevance(r) = &mut policy.scoring {
+            r.goal = goal;
+        }
+        policy
     }
 }
 
@@ -211,11 +280,21 @@ impl<'a> Working<'a> {
 
 /// Compacts `messages` to `policy.budget_chars` and reports every decision.
 pub fn compact(messages: &[Message], policy: &Policy) -> Report {
-    let scores = score::Scores::new(messages);
+    let relevance = match &policy.scoring {
+        ScoringMethod::Seed => None,
+        ScoringMethod::Relevance(r) => Some((relevance::analyze(messages, r.goal.as_deref()), r)),
+    };
+    let mut scores = score::Scores::new(messages);
+    if let Some((found, _)) = &relevance {
+        scores.add(RELEVANCE_WEIGHT, &found.relevance);
+    }
     let mut work = Working::new(messages, policy.budget_chars);
     let input_chars = work.total;
 
-    let (pin, reasons) = pin::run(&mut work, policy);
+    let relevant = relevance
+        .as_ref()
+        .map(|(found, knobs)| (found.relevance.as_slice(), *knobs));
+    let (pin, reasons, relevant_pins) = pin::run(&mut work, policy, relevant);
     let dedupe = dedupe::run(&mut work, &scores, policy);
     let trim = trim::run(&mut work, policy);
     let drop = drop::run(&mut work, &scores);
@@ -301,6 +380,16 @@ pub fn compact(messages: &[Message], policy: &Policy) -> Report {
             },
             topic_terms_used: scores.topic_terms(),
             note: SCORING_NOTE,
+            relevance: relevance.map(|(found, knobs)| RelevanceReport {
+                weight: RELEVANCE_WEIGHT,
+                method: RELEVANCE_METHOD,
+                query_index: found.query_index,
+                query_terms: found.query_terms,
+                pin_relevant_above: knobs.pin_relevant_above,
+                relevant_pin_share: knobs.relevant_pin_share,
+                pinned: relevant_pins,
+                messages: found.relevance.iter().map(|&r| round_to(r, 6)).collect(),
+            }),
         },
         limits: LIMITS,
     }

@@ -51,6 +51,9 @@ pub enum ProtectedBecause {
     /// Proxy only: it belongs to a tool-call group with a protected member,
     /// and a group is kept or dropped whole.
     ToolGroup,
+    /// `scoring = "relevance"` only: among the messages most relevant to
+    /// the latest request (`pin_relevant_above`, within `relevant_pin_share`).
+    Relevant,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -234,6 +237,49 @@ pub struct Scoring {
     pub role_weights: RoleWeights,
     pub topic_terms_used: Vec<String>,
     pub note: &'static str,
+    /// `scoring = "relevance"` only; absent for the seed's scoring, whose
+    /// report stays as the spec prints it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relevance: Option<RelevanceReport>,
+}
+
+/// What relevance scoring added to each score, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelevanceReport {
+    /// What a relevance of 1 adds to a message's score.
+    #[serde(serialize_with = "number")]
+    pub weight: f64,
+    pub method: &'static str,
+    /// The latest user message, the request the query comes from.
+    pub query_index: Option<usize>,
+    /// The query's terms as matched: case-folded and stemmed, sorted.
+    pub query_terms: Vec<String>,
+    #[serde(serialize_with = "number")]
+    pub pin_relevant_above: f64,
+    #[serde(serialize_with = "number")]
+    pub relevant_pin_share: f64,
+    /// The messages protected with reason `relevant`, ascending.
+    pub pinned: Vec<usize>,
+    /// Each input message's relevance, by index, rounded to 6 decimals.
+    #[serde(serialize_with = "numbers")]
+    pub messages: Vec<f64>,
+}
+
+fn numbers<S: Serializer>(values: &[f64], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(values.len()))?;
+    for v in values {
+        seq.serialize_element(&Number(*v))?;
+    }
+    seq.end()
+}
+
+struct Number(f64);
+
+impl Serialize for Number {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        number(&self.0, s)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -253,6 +299,7 @@ pub(crate) const TRIM_CUT_AT: &str =
     "last sentence boundary before the limit, hard cut if none in the last 60 percent";
 pub(crate) const DROP_ORDER: &str = "lowest score first, older first on a tie";
 pub(crate) const SCORING_NOTE: &str = "Recency is the position in the history from 0 to 1. Topic overlap is the share of a message word set that appears in topic_terms_used, the 25 most frequent terms longer than three characters across the whole history.";
+pub(crate) const RELEVANCE_METHOD: &str = "BM25 (k1 1.2, b 0.75) of each message against the terms of the latest user message and the goal, case-folded and stemmed, identifiers and numbers whole; divided by the highest score so the most relevant message has 1. The request itself has 1. score = seed score + weight * relevance.";
 pub(crate) const LIMITS: &str = "No language model. Nothing is summarised, paraphrased or rewritten: every character of every returned content appears verbatim in the input, and nothing is appended. Duplicate detection is word overlap, which measures shared vocabulary and not meaning — the same fact in different words is not recognised as a duplicate. Trimming cuts at a sentence boundary and can remove the point of a long message. Protected messages are never dropped, so a budget below protected_chars cannot be met and budget_met is then false.";
 
 #[cfg(test)]

@@ -87,6 +87,13 @@ impl Scores {
         }
     }
 
+    /// Adds `weight * extra[i]` to each message's score (relevance).
+    pub fn add(&mut self, weight: f64, extra: &[f64]) {
+        for (score, e) in self.scores.iter_mut().zip(extra) {
+            *score += weight * e;
+        }
+    }
+
     /// The unrounded score of message `i`.
     pub fn score(&self, i: usize) -> f64 {
         self.scores[i]

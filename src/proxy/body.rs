@@ -508,6 +508,9 @@ pub struct Watched<B: Body, F: FnOnce(BodyEnd)> {
     idle: Duration,
     timer: Pin<Box<Sleep>>,
     on_end: Option<F>,
+    /// The stream's terminal event went out: a client that leaves now (SDKs
+    /// close right after `data: [DONE]`) read everything there was.
+    terminal_sent: bool,
 }
 
 impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
@@ -517,6 +520,7 @@ impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
             on_end: Some(on_end),
+            terminal_sent: false,
         }
     }
 
@@ -543,6 +547,9 @@ where
         let this = &mut *self;
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.terminal_sent |= ends_a_stream(data);
+                }
                 let deadline = Instant::now() + this.idle;
                 this.timer.as_mut().reset(deadline);
                 // hyper stops polling a body of known length after its last
@@ -583,7 +590,7 @@ where
 
 impl<B: Body, F: FnOnce(BodyEnd)> Drop for Watched<B, F> {
     fn drop(&mut self) {
-        let end = if self.on_end.is_some() && self.inner.is_end_stream() {
+        let end = if self.on_end.is_some() && (self.terminal_sent || self.inner.is_end_stream()) {
             BodyEnd::Complete // e.g. empty from the start, never polled
         } else {
             BodyEnd::Abandoned
@@ -593,6 +600,23 @@ impl<B: Body, F: FnOnce(BodyEnd)> Drop for Watched<B, F> {
 }
 
 use std::future::Future;
+
+/// Whether a response frame carries a stream's terminal event: chat's
+/// `data: [DONE]`, Anthropic's `message_stop`, Responses'
+/// `response.completed`. Only the frame's tail is searched: the terminal
+/// event is the last thing a stream sends.
+fn ends_a_stream(data: &[u8]) -> bool {
+    const TAIL: usize = 512;
+    const MARKERS: [&[u8]; 3] = [
+        b"data: [DONE]",
+        b"event: message_stop",
+        b"response.completed",
+    ];
+    let tail = &data[data.len().saturating_sub(TAIL)..];
+    MARKERS
+        .iter()
+        .any(|m| tail.windows(m.len()).any(|w| w == *m))
+}
 
 #[cfg(test)]
 mod tests {
@@ -604,6 +628,21 @@ mod tests {
         let mut e = GzEncoder::new(Vec::new(), flate2::Compression::fast());
         e.write_all(data).unwrap();
         e.finish().unwrap()
+    }
+
+    #[test]
+    fn terminal_events_of_each_stream_format_are_recognised() {
+        assert!(ends_a_stream(b"data: {\"x\":1}\n\ndata: [DONE]\n\n"));
+        assert!(ends_a_stream(
+            b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        ));
+        assert!(ends_a_stream(
+            b"event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n"
+        ));
+        assert!(!ends_a_stream(b"data: {\"choices\":[]}\n\n"));
+        let mut long = vec![b'x'; 4096];
+        long.extend_from_slice(b"\ndata: [DONE]\n\n");
+        assert!(ends_a_stream(&long));
     }
 
     #[test]

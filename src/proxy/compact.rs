@@ -62,13 +62,15 @@ enum Decline {
     Refuse(ProxyError),
 }
 
-/// Decides for one body; `Err` only when it must be refused (413).
+/// Decides for one body; `Err` only when it must be refused (413). `goal`
+/// is the request's relevance goal (`CompiledPolicy::relevance_goal`).
 pub(super) async fn decide(
     state: &Arc<AppState>,
     runtime: &Runtime,
     resolution: &Resolution,
     raw: Bytes,
     coding: Coding,
+    goal: Option<String>,
 ) -> Result<Decided, ProxyError> {
     if coding == Coding::Unsupported {
         return Ok(Decided::skipped("unsupported-encoding"));
@@ -80,7 +82,15 @@ pub(super) async fn decide(
     let format = resolution.format;
     let computed = if decide_inline(&raw, coding, &resolution.policy) {
         let started = Instant::now();
-        let result = compute(state, &resolution.policy, format, &raw, coding, limits);
+        let result = compute(
+            state,
+            &resolution.policy,
+            format,
+            &raw,
+            coding,
+            limits,
+            goal,
+        );
         Ok((result, started.elapsed().as_secs_f64()))
     } else {
         let permit = state
@@ -93,7 +103,7 @@ pub(super) async fn decide(
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let started = Instant::now();
-            let result = compute(&task_state, &policy, format, &raw, coding, limits);
+            let result = compute(&task_state, &policy, format, &raw, coding, limits, goal);
             (result, started.elapsed().as_secs_f64())
         })
         .await
@@ -133,6 +143,7 @@ fn compute(
     raw: &[u8],
     coding: Coding,
     limits: Limits,
+    goal: Option<String>,
 ) -> Result<(Arc<Outcome>, bool), Decline> {
     let decoded = match body::decode(raw, coding, limits.body_bytes) {
         Ok(decoded) => decoded,
@@ -140,6 +151,19 @@ fn compute(
         // Not ours to judge: the upstream may read what we cannot.
         Err(_) => return Err(Decline::Skip("undecodable-body")),
     };
+    if let Some(goal) = goal {
+        // The goal is not part of the cache key: compute, never cache.
+        let policy = policy.with_goal(goal);
+        let outcome = outcome_of(
+            &decoded,
+            &policy,
+            format,
+            limits.messages,
+            &state.checkpoints,
+        )
+        .map_err(|skip| Decline::Skip(skip.reason()))?;
+        return Ok((Arc::new(outcome), false));
+    }
     if let Some(hit) = state.cache.get(policy.id, format, &decoded) {
         return Ok((hit, true));
     }

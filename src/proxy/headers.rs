@@ -99,6 +99,10 @@ pub fn write_loss_report(
             loss.dropped_messages.to_string(),
         );
         set(
+            "x-compaction-deduped-messages",
+            loss.deduped_messages.to_string(),
+        );
+        set(
             "x-compaction-trimmed-messages",
             loss.trimmed_messages.to_string(),
         );
@@ -120,6 +124,19 @@ pub fn write_loss_report(
     }
 }
 
+/// Says in `x-compaction-status` that the request asked for a bypass its
+/// policy refuses (`compacted; bypass-not-allowed`), so the client learns
+/// why its bypass header had no effect.
+pub fn note_bypass_refused(headers: &mut HeaderMap) {
+    let status = headers
+        .get(STATUS)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| format!("{v}; bypass-not-allowed"));
+    if let Some(v) = status.and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(STATUS, v);
+    }
+}
+
 /// Writes stable mode's prefix report: how many leading forwarded messages
 /// the previous turn forwarded too, and whether this turn re-compacted.
 pub fn write_stable_report(headers: &mut HeaderMap, info: &StableInfo) {
@@ -131,6 +148,24 @@ pub fn write_stable_report(headers: &mut HeaderMap, info: &StableInfo) {
         HeaderName::from_static("x-compaction-rebased"),
         HeaderValue::from_static(if info.rebased { "true" } else { "false" }),
     );
+}
+
+pub const REPORT: &str = "x-compaction-report";
+pub const REPORT_ID: &str = "x-compaction-report-id";
+
+/// Names the id under which the request's per-message report is kept.
+pub fn write_report_id(headers: &mut HeaderMap, id: &str) {
+    if let Ok(v) = HeaderValue::try_from(id) {
+        headers.insert(REPORT_ID, v);
+    }
+}
+
+/// True when the request asks for its per-message report to be kept.
+pub fn wants_report(headers: &HeaderMap) -> bool {
+    headers
+        .get(REPORT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
 /// True when the request asks to skip compaction.
@@ -211,6 +246,17 @@ mod tests {
         plain.insert(header::CONNECTION, HeaderValue::from_static("close"));
         assert_eq!(strip_hop_by_hop_keeping_upgrade(&mut plain), None);
         assert!(plain.is_empty());
+    }
+
+    #[test]
+    fn a_refused_bypass_is_noted_after_the_status() {
+        let mut h = HeaderMap::new();
+        write_loss_report(&mut h, Status::Compacted, "p", None);
+        note_bypass_refused(&mut h);
+        assert_eq!(h[STATUS], "compacted; bypass-not-allowed");
+        write_loss_report(&mut h, Status::Skipped("invalid-json"), "p", None);
+        note_bypass_refused(&mut h);
+        assert_eq!(h[STATUS], "skipped; invalid-json; bypass-not-allowed");
     }
 
     #[test]

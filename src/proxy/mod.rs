@@ -61,6 +61,8 @@ pub struct AppState {
     runtime: RwLock<Arc<Runtime>>,
     pub metrics: Metrics,
     pub cache: CompactionCache,
+    /// Live per-message reports asked for with `x-compaction-report`.
+    pub reports: crate::explain::ReportStore,
     /// Stable mode's replay checkpoints.
     pub checkpoints: CheckpointStore,
     upstream: Upstream,
@@ -85,6 +87,7 @@ impl AppState {
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
+            reports: crate::explain::ReportStore::default(),
             upstream,
             compactions: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -173,6 +176,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     record.tenant = resolution.tenant.clone();
 
     let (mut parts, body) = request.into_parts();
+    let bypass_refused = !resolution.policy.allow_bypass && headers::wants_bypass(&parts.headers);
     // Requests that are not compacted keep their body streaming.
     let untouched = if parts.method != Method::POST {
         Some(Status::Skipped("not-post"))
@@ -186,7 +190,9 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             resolution,
             status,
             loss: None,
+            bypass_refused,
             stable: None,
+            report_id: None,
         };
         return forward(
             &state,
@@ -211,11 +217,15 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         Err(e) => return refuse(e, Some(&resolution), record),
     };
     let coding = body::request_coding(&parts.headers);
-    let decided = match compact::decide(&state, &runtime, &resolution, raw.clone(), coding).await {
-        Ok(decided) => decided,
-        Err(e) => return refuse(e, Some(&resolution), record),
-    };
+    let goal = resolution.policy.relevance_goal(&parts.headers);
+    let decided =
+        match compact::decide(&state, &runtime, &resolution, raw.clone(), coding, goal).await {
+            Ok(decided) => decided,
+            Err(e) => return refuse(e, Some(&resolution), record),
+        };
     record.compaction_seconds = decided.seconds;
+    let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
+        .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
     let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
         Some(rewritten) if status == Status::Compacted => {
@@ -237,7 +247,9 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         resolution,
         status,
         loss,
+        bypass_refused,
         stable,
+        report_id,
     };
     forward(
         &state,
@@ -250,6 +262,38 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     .await
 }
 
+/// Computes a request's per-message report off the request path (on the
+/// blocking pool, after the answer has gone on its way) and keeps it under
+/// a fresh id, which is returned at once.
+fn schedule_report(
+    state: &Arc<AppState>,
+    runtime: &Runtime,
+    resolution: &Resolution,
+    raw: bytes::Bytes,
+    coding: body::Coding,
+) -> String {
+    let id = state.reports.new_id();
+    let (state, policy, format) = (state.clone(), resolution.policy.clone(), resolution.format);
+    let (limit, max_messages) = (
+        runtime.config.server.max_body_bytes,
+        runtime.config.server.max_messages,
+    );
+    let key = id.clone();
+    tokio::task::spawn_blocking(move || {
+        let Ok(decoded) = body::decode(&raw, coding, limit) else {
+            return;
+        };
+        let report =
+            crate::explain::report_for(&decoded, &policy.name, &policy, format, max_messages);
+        if let Ok(json) = report.map(|r| serde_json::to_vec(&r)) {
+            state
+                .reports
+                .insert(key, json.expect("reports serialise").into());
+        }
+    });
+    id
+}
+
 /// A request body passed on as it arrives, never collected.
 fn streamed(body: Incoming) -> ProxyBody {
     body.map_err(Into::into).boxed_unsync()
@@ -260,7 +304,11 @@ struct Verdict {
     resolution: Resolution,
     status: Status,
     loss: Option<LossSummary>,
+    /// A bypass was asked for and the policy refuses it.
+    bypass_refused: bool,
     stable: Option<StableInfo>,
+    /// The id under which this request's per-message report is kept.
+    report_id: Option<String>,
 }
 
 impl Verdict {
@@ -271,8 +319,14 @@ impl Verdict {
             &self.resolution.policy.name,
             self.loss.as_ref(),
         );
+        if self.bypass_refused {
+            headers::note_bypass_refused(headers);
+        }
         if let Some(stable) = &self.stable {
             headers::write_stable_report(headers, stable);
+        }
+        if let Some(id) = &self.report_id {
+            headers::write_report_id(headers, id);
         }
     }
 }
@@ -395,6 +449,7 @@ async fn forward(
         v.write_to(&mut parts.headers);
     }
     record.upstream_status = Some(parts.status.as_u16());
+    record.upstream_first_byte_seconds = Some(sent.elapsed().as_secs_f64());
     record.response_status = parts.status.as_u16();
 
     let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {

@@ -142,8 +142,21 @@ fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// The upstream URI for a request: the configured base (scheme, authority
 /// and any path prefix) joined with the request's path and query.
+///
+/// The rule for a base with a path prefix (`http://vllm:8000/v1`, the form
+/// vLLM, Ollama and the OpenAI SDKs document): when the request path
+/// already starts with the prefix, whole segments only, it is sent as it
+/// is; otherwise the prefix goes in front. So with a base of `http://h/v1`,
+/// `/v1/chat/completions` and `/chat/completions` both reach
+/// `http://h/v1/chat/completions`, and with `http://h` the request path is
+/// sent unchanged.
 pub fn target(base: &Uri, path_and_query: &str) -> Uri {
     let prefix = base.path().trim_end_matches('/');
+    let path = path_and_query.split('?').next().unwrap_or("");
+    let has_prefix = path
+        .strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+    let prefix = if has_prefix { "" } else { prefix };
     let mut parts = base.clone().into_parts();
     let joined = format!("{prefix}{path_and_query}");
     parts.path_and_query = Some(
@@ -170,5 +183,34 @@ mod tests {
             target(&base, "/v1/models").to_string(),
             "https://gw.example/openai/v1/models"
         );
+    }
+
+    #[test]
+    fn a_prefix_the_request_already_has_is_not_added_again() {
+        for base in [
+            "http://h:8000",
+            "http://h:8000/",
+            "http://h:8000/v1",
+            "http://h:8000/v1/",
+        ] {
+            let base: Uri = base.parse().unwrap();
+            assert_eq!(
+                target(&base, "/v1/chat/completions?stream=1").to_string(),
+                "http://h:8000/v1/chat/completions?stream=1",
+                "base {base}"
+            );
+        }
+        let base: Uri = "http://h/v1".parse().unwrap();
+        assert_eq!(
+            target(&base, "/chat/completions").to_string(),
+            "http://h/v1/chat/completions",
+            "a path without the prefix gets it"
+        );
+        assert_eq!(
+            target(&base, "/v1beta/models").to_string(),
+            "http://h/v1/v1beta/models",
+            "whole segments only: /v1beta does not start with /v1"
+        );
+        assert_eq!(target(&base, "/v1").to_string(), "http://h/v1");
     }
 }

@@ -703,6 +703,17 @@ fn sighup_reloads_the_file_and_a_broken_file_keeps_the_config_in_force() {
         log.contains("SIGHUP"),
         "the reload names its trigger:\n{log}"
     );
+    // Both outcomes are counted (the file watcher may see each change too).
+    let metrics = case.rt.block_on(send(get(&case.proxy.url("/metrics"))));
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let reloads = |result: &str| -> f64 {
+        let prefix = format!("compaction_proxy_config_reloads_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(reloads("applied") >= 1.0, "{text}");
+    assert!(reloads("refused") >= 1.0, "{text}");
     assert!(case.proxy.stop().success());
 }
 

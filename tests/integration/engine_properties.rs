@@ -189,6 +189,7 @@ fn policy_for(messages: &[Message], knobs: &Knobs) -> Policy {
             .collect(),
         duplicate_threshold: knobs.duplicate_threshold,
         max_message_chars: knobs.max_message_chars,
+        scoring: compaction_proxy::engine::ScoringMethod::Seed,
     }
 }
 
@@ -723,6 +724,7 @@ fn trims_unicode_at_scalar_value_positions() {
         keep_roles: vec![],
         duplicate_threshold: 0.9,
         max_message_chars: limit,
+        scoring: compaction_proxy::engine::ScoringMethod::Seed,
     };
     let run = |budget, limit| compact(&[Message::new(Role::User, text)], &policy(budget, limit));
 

@@ -941,6 +941,7 @@ impl Knobs {
             keep_roles: Role::ALL.into_iter().filter(|&r| self.keeps(r)).collect(),
             duplicate_threshold: self.duplicate_threshold,
             max_message_chars: self.max_message_chars,
+            scoring: compaction_proxy::engine::ScoringMethod::Seed,
         };
         let mut policy = CompiledPolicy::plain("properties", engine);
         policy.pin_first_user = self.pin_first_user;

@@ -32,7 +32,7 @@ async fn compacted_messages_reach_the_upstream() {
 async fn a_request_in_flight_keeps_the_policy_it_started_with() {
     let upstream =
         MockUpstream::start(Behavior::SlowHeaders(std::time::Duration::from_millis(300))).await;
-    let before = "[policies.first]\nbudget_chars = 50\nkeep_last_n = 1\n[[routes]]\npath = \"/v1/chat/completions\"\npolicy = \"first\"";
+    let before = "[policies.first]\nbudget_chars = 50\nkeep_last_n = 1\npin_first_user = false\n[[routes]]\npath = \"/v1/chat/completions\"\npolicy = \"first\"";
     let proxy = TestProxy::start(before, &upstream.url()).await;
     let body = serde_json::json!({"messages": [
         {"role": "user", "content": "x".repeat(100)},
@@ -52,7 +52,8 @@ async fn a_request_in_flight_keeps_the_policy_it_started_with() {
     );
 
     let after = before
-        .replace("first", "second")
+        .replace("\"first\"", "\"second\"")
+        .replace("policies.first", "policies.second")
         .replace("budget_chars = 50", "budget_chars = 1000");
     proxy.state.reload(runtime(&after, &upstream.url()));
     let answer = in_flight.await.unwrap();

@@ -32,6 +32,7 @@ fn engine_policy(budget: usize, keep_last_n: usize, max_message_chars: usize) ->
         keep_roles: vec![Role::System],
         duplicate_threshold: 0.9,
         max_message_chars,
+        scoring: compaction_proxy::engine::ScoringMethod::Seed,
     }
 }
 
@@ -682,7 +683,11 @@ async fn bypass_header_is_ignored_when_the_policy_forbids_it() {
     let conversation = conversation();
     let body = json!({"messages": wire_messages(&conversation)}).to_string();
     let answer = send(bypass_request(&proxy.url(CHAT), &body)).await;
-    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(
+        answer.header("x-compaction-status"),
+        Some("compacted; bypass-not-allowed"),
+        "the status says why the bypass had no effect"
+    );
     let expected = engine_report(&conversation, &engine_policy(400, 2, 90));
     assert_eq!(upstream.last().json()["messages"], survivors(&expected));
 }

@@ -1,0 +1,320 @@
+//! The per-message view of one compaction: what happened to each input
+//! message (kept, trimmed or dropped), by which stage and why. The engine's
+//! report lists survivors and per-stage records; this folds them into one
+//! line per input message, the answer to "why did my instruction vanish?".
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use moka::sync::Cache;
+use serde::Serialize;
+
+use crate::engine::{Cut, ProtectedBecause, Report, Role};
+use crate::format::{Format, Skip};
+use crate::policy::CompiledPolicy;
+
+/// What became of one input message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fate {
+    Kept,
+    Trimmed,
+    Dropped,
+}
+
+/// One input message's line of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct MessageFate {
+    pub index: usize,
+    pub role: Role,
+    pub fate: Fate,
+    /// The stage that acted on it: `dedupe`, `trim` or `drop`; `pin` for a
+    /// protected message; absent for one kept because the budget was met.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<&'static str>,
+    /// Why, in words.
+    pub reason: String,
+    pub original_chars: usize,
+    /// Chars forwarded (0 when dropped).
+    pub chars: usize,
+}
+
+/// What `compaction-proxy compact --report` prints for a chat body.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestReport<'a> {
+    pub policy: &'a str,
+    /// As `x-compaction-status` would say.
+    pub status: String,
+    pub loss: crate::metrics::LossSummary,
+    pub messages: Vec<MessageFate>,
+}
+
+/// Folds `report` into one line per input message; `roles` are the input
+/// messages' roles in order (the report names only the survivors').
+pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
+    let mut lines: Vec<Option<MessageFate>> = vec![None; roles.len()];
+    for kept in &report.messages {
+        let Some(slot) = lines.get_mut(kept.index) else {
+            continue;
+        };
+        let (fate, stage, reason) = match (&kept.protected_because, kept.kept) {
+            (Some(because), _) => (
+                Fate::Kept,
+                Some("pin"),
+                format!("protected ({})", protection_words(because)),
+            ),
+            (None, crate::engine::Kept::Trimmed) => {
+                let cut = report
+                    .stages
+                    .trim
+                    .trimmed
+                    .iter()
+                    .find(|t| t.index == kept.index)
+                    .map_or("", |t| match t.cut {
+                        Cut::Sentence => " at a sentence boundary",
+                        Cut::Hard => " (hard cut, no sentence boundary near)",
+                    });
+                (
+                    Fate::Trimmed,
+                    Some("trim"),
+                    format!(
+                        "longer than max_message_chars ({}); cut{cut}",
+                        report.stages.trim.rule.max_message_chars
+                    ),
+                )
+            }
+            (None, crate::engine::Kept::Verbatim) => (
+                Fate::Kept,
+                None,
+                match kept.score {
+                    Some(score) => format!("budget met before its turn to drop (score {score})"),
+                    None => "budget met".to_owned(),
+                },
+            ),
+        };
+        *slot = Some(MessageFate {
+            index: kept.index,
+            role: kept.role,
+            fate,
+            stage,
+            reason,
+            original_chars: kept.original_chars,
+            chars: kept.chars,
+        });
+    }
+    for dup in &report.stages.dedupe.removed {
+        if let Some(slot) = lines.get_mut(dup.index) {
+            *slot = Some(MessageFate {
+                index: dup.index,
+                role: roles[dup.index],
+                fate: Fate::Dropped,
+                stage: Some("dedupe"),
+                reason: format!(
+                    "duplicate of message {} (similarity {} >= {})",
+                    dup.duplicate_of, dup.similarity, report.stages.dedupe.rule.duplicate_threshold
+                ),
+                original_chars: dup.chars,
+                chars: 0,
+            });
+        }
+    }
+    for dropped in &report.stages.drop.dropped {
+        if let Some(slot) = lines.get_mut(dropped.index) {
+            // A trimmed-then-dropped message's original size is in the
+            // trim record; `dropped.chars` is its size when dropped.
+            let original = report
+                .stages
+                .trim
+                .trimmed
+                .iter()
+                .find(|t| t.index == dropped.index)
+                .map_or(dropped.chars, |t| t.original_chars);
+            *slot = Some(MessageFate {
+                index: dropped.index,
+                role: roles[dropped.index],
+                fate: Fate::Dropped,
+                stage: Some("drop"),
+                reason: format!(
+                    "lowest score first until the budget was met (score {})",
+                    dropped.score
+                ),
+                original_chars: original,
+                chars: 0,
+            });
+        }
+    }
+    lines.into_iter().flatten().collect()
+}
+
+/// The per-message report of one API body under `policy`, as
+/// `compact --report` prints it and the live report keeps it. The status
+/// and loss are the proxy's own; the lines come from the engine run over
+/// the whole conversation, which runs here even under budget so that the
+/// report says why every message was kept.
+pub fn report_for<'a>(
+    input: &[u8],
+    name: &'a str,
+    policy: &CompiledPolicy,
+    format: Format,
+    max_messages: usize,
+) -> Result<RequestReport<'a>, Skip> {
+    let checkpoints = crate::compaction::stable::NoCheckpoints;
+    let parsed = format.parse(input, max_messages)?;
+    let outcome =
+        crate::proxy::compact::outcome_of(input, policy, format, max_messages, &checkpoints)?;
+    let conversation = &parsed.conversation;
+    let messages = crate::compaction::engine_messages(conversation, policy);
+    let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();
+    let report = crate::engine::compact(
+        &messages,
+        &crate::compaction::item_policy(conversation, policy),
+    );
+    Ok(RequestReport {
+        policy: name,
+        status: crate::proxy::compact::status_of(policy, &outcome).header(),
+        loss: outcome.loss,
+        messages: fates(&report, &roles),
+    })
+}
+
+/// How long a live report stays fetchable.
+pub const REPORT_TTL: Duration = Duration::from_secs(300);
+/// Bytes of reports kept at most; the oldest go first past it.
+pub const REPORT_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Live reports (`x-compaction-report: true` on a policy with
+/// `allow_report`), by id, for [`REPORT_TTL`], bounded in bytes.
+pub struct ReportStore {
+    reports: Cache<String, Bytes>,
+    /// Per-process random keys: ids are not guessable from one another.
+    keys: RandomState,
+    next: AtomicU64,
+}
+
+impl Default for ReportStore {
+    fn default() -> Self {
+        Self::new(REPORT_TTL, REPORT_MAX_BYTES)
+    }
+}
+
+impl ReportStore {
+    pub fn new(ttl: Duration, max_bytes: u64) -> Self {
+        ReportStore {
+            reports: Cache::builder()
+                .time_to_live(ttl)
+                .weigher(|id: &String, report: &Bytes| {
+                    u32::try_from(id.len() + report.len()).unwrap_or(u32::MAX)
+                })
+                .max_capacity(max_bytes)
+                .build(),
+            keys: RandomState::new(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh id: 128 bits from two keyed hashes of a counter.
+    pub fn new_id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let half = |salt: u64| self.keys.hash_one((n, salt));
+        format!("{:016x}{:016x}", half(1), half(2))
+    }
+
+    pub fn insert(&self, id: String, report: Bytes) {
+        self.reports.insert(id, report);
+    }
+
+    pub fn get(&self, id: &str) -> Option<Bytes> {
+        self.reports.get(id)
+    }
+}
+
+fn protection_words(because: &[ProtectedBecause]) -> String {
+    because
+        .iter()
+        .map(|b| match b {
+            ProtectedBecause::Pin => "pinned by rule: first user message or pin_patterns",
+            ProtectedBecause::Role => "role in keep_roles",
+            ProtectedBecause::Recent => "among the last keep_last_n",
+            ProtectedBecause::ToolGroup => "tool-call group with a protected member",
+            ProtectedBecause::Relevant => "relevant to the latest request (pin_relevant_above)",
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{compact, Message, Policy};
+
+    #[test]
+    fn report_ids_are_distinct_and_reports_expire() {
+        let store = ReportStore::new(Duration::from_millis(50), 1024);
+        let (a, b) = (store.new_id(), store.new_id());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
+        store.insert(a.clone(), Bytes::from_static(b"{}"));
+        assert_eq!(store.get(&a), Some(Bytes::from_static(b"{}")));
+        assert_eq!(store.get(&b), None);
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(store.get(&a), None, "gone after its time to live");
+    }
+
+    #[test]
+    fn the_store_holds_a_bounded_number_of_bytes() {
+        let store = ReportStore::new(Duration::from_secs(60), 10_000);
+        for _ in 0..100 {
+            store.insert(store.new_id(), Bytes::from(vec![b'x'; 1_000]));
+        }
+        store.reports.run_pending_tasks();
+        assert!(
+            store.reports.weighted_size() <= 10_000,
+            "{}",
+            store.reports.weighted_size()
+        );
+    }
+
+    #[test]
+    fn every_input_message_gets_one_line_with_its_stage() {
+        let long = "First sentence here. ".repeat(40);
+        let messages = vec![
+            Message::new(Role::System, "You are terse."),
+            Message::new(Role::User, "alpha beta gamma delta"),
+            Message::new(Role::User, "alpha beta gamma delta"),
+            Message::new(Role::Assistant, long.clone()),
+            Message::new(Role::Assistant, "old filler words nobody needs at all"),
+            Message::new(Role::User, "latest question"),
+        ];
+        let policy = Policy {
+            keep_last_n: 1,
+            max_message_chars: 100,
+            ..Policy::with_budget(150)
+        };
+        let report = compact(&messages, &policy);
+        let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();
+        let lines = fates(&report, &roles);
+        assert_eq!(lines.len(), messages.len(), "{lines:#?}");
+        let by_index = |i: usize| lines.iter().find(|l| l.index == i).unwrap();
+        assert_eq!(
+            (by_index(0).fate, by_index(0).stage),
+            (Fate::Kept, Some("pin"))
+        );
+        assert_eq!(
+            (by_index(2).fate, by_index(2).stage),
+            (Fate::Dropped, Some("dedupe"))
+        );
+        assert!(by_index(2).reason.contains("duplicate of message 1"));
+        assert_eq!(by_index(5).stage, Some("pin"));
+        let removed = lines.iter().filter(|l| l.fate == Fate::Dropped).count();
+        assert_eq!(
+            removed, report.loss.dropped_messages,
+            "dropped lines match the loss"
+        );
+        let forwarded: usize = lines.iter().map(|l| l.chars).sum();
+        assert_eq!(forwarded, report.loss.output_chars);
+        assert_eq!(by_index(3).original_chars, long.chars().count());
+    }
+}
