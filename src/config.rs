@@ -260,7 +260,8 @@ fn default_tokenizer_fallback() -> String {
 }
 
 fn default_max_tool_result_chars() -> usize {
-    crate::compaction::agent::AgentPolicy::DEFAULT.max_tool_result_chars
+    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
+    crate::compaction::agent::AgentPolicy::OFF.max_tool_result_chars
 }
 fn default_protect_tool_chars() -> usize {
     crate::compaction::agent::AgentPolicy::DEFAULT.protect_tool_chars
@@ -272,10 +273,12 @@ fn default_prune_minimum_chars() -> usize {
     crate::compaction::agent::AgentPolicy::DEFAULT.prune_minimum_chars
 }
 fn default_max_arg_chars() -> usize {
-    crate::compaction::agent::AgentPolicy::DEFAULT.max_arg_chars
+    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
+    crate::compaction::agent::AgentPolicy::OFF.max_arg_chars
 }
 fn default_tool_duplicate_threshold() -> f64 {
-    crate::compaction::agent::AgentPolicy::DEFAULT.tool_duplicate_threshold
+    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
+    crate::compaction::agent::AgentPolicy::OFF.tool_duplicate_threshold
 }
 
 impl Default for PolicyConfig {

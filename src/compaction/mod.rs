@@ -146,9 +146,9 @@ pub fn compact(
             if total <= budget || !triggered {
                 (None, None)
             } else {
-                let (plan, done, removed) = run_passes(parsed, policy);
+                let (plan, done, report) = run_passes(parsed, policy);
                 edits = done;
-                deduped = removed;
+                deduped = report.stages.dedupe.removed_messages;
                 (plan, None)
             }
         }
@@ -228,7 +228,8 @@ fn compact_to_tokens(
         let (plan, edits, deduped) = if total <= chars_budget {
             (None, agent::AgentEdits::default(), 0)
         } else {
-            run_passes(parsed, &round)
+            let (plan, edits, report) = run_passes(parsed, &round);
+            (plan, edits, report.stages.dedupe.removed_messages)
         };
         let plan = plan.map(|mut plan| {
             parsed.format.repair(conversation, &mut plan);
@@ -263,11 +264,11 @@ fn compact_to_tokens(
 /// Exact mode: the agent passes, then the engine on what they left, each
 /// stopping once the conversation fits. The plan is `None` when nothing
 /// changed.
-/// Also returns how many items the engine's dedupe stage removed.
+/// Also returns the engine's report over what the passes left.
 pub fn run_passes(
     parsed: &Parsed,
     policy: &CompiledPolicy,
-) -> (Option<Plan>, agent::AgentEdits, usize) {
+) -> (Option<Plan>, agent::AgentEdits, Report) {
     let conversation = &parsed.conversation;
     let protected = protected_items(conversation, policy);
     let edits = agent::run(
@@ -311,11 +312,10 @@ pub fn run_passes(
             p.arguments = args.clone();
         }
     }
-    let deduped = report.stages.dedupe.removed_messages;
     if !changes(&plan, conversation.items.len()) {
-        return (None, edits, deduped);
+        return (None, edits, report);
     }
-    (Some(plan), edits, deduped)
+    (Some(plan), edits, report)
 }
 
 /// The loss a plan reports against the conversation it came from.
@@ -431,10 +431,10 @@ impl Parsed<'_> {
         engine_messages(&self.conversation, policy)
     }
 
-    /// Runs the engine (exact mode) and, when anything changed, the body to
-    /// forward.
+    /// Runs the agent passes and the engine (exact mode) and, when anything
+    /// changed, the body to forward.
     pub fn compact(&self, policy: &CompiledPolicy) -> (Report, Option<String>) {
-        let (report, plan) = run_engine(&self.conversation, policy);
+        let (plan, _, report) = run_passes(self, policy);
         let body = plan.map(|mut plan| {
             self.format.repair(&self.conversation, &mut plan);
             self.splice(&plan)
