@@ -90,11 +90,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn load(file: Option<&PathBuf>, overrides: &Overrides) -> Result<Runtime, ConfigErrors> {
-    Runtime::new(config::load(
-        file.map(PathBuf::as_path),
-        std::env::vars(),
-        overrides,
-    )?)
+    Runtime::load(file.map(PathBuf::as_path), std::env::vars(), overrides)
 }
 
 fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
@@ -397,11 +393,7 @@ pub fn reload(
             ));
         }
     }
-    let mut runtime = Runtime::new(config::load_text(
-        text.as_deref(),
-        std::env::vars(),
-        overrides,
-    )?)?;
+    let mut runtime = Runtime::load_text(text.as_deref(), std::env::vars(), overrides)?;
     let (new, old) = (&runtime.config, &current.config);
     let restart_only = [
         ("server.listen", runtime.listen != current.listen),

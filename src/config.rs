@@ -5,7 +5,8 @@
 //! command-line flags. The merged tree is then read section by section so
 //! that every unknown key and every type error is reported at once, each
 //! with its path. Semantic checks (policy references, regexes, bounds) live
-//! with policy compilation in [`crate::policy`].
+//! with policy compilation in [`crate::policy`], which reads this module's
+//! output and never the other way round.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -456,13 +457,14 @@ pub fn is_blank(text: &str) -> bool {
     })
 }
 
-/// [`load`] with the file's text already read (a reload checks the text
-/// it then loads, not a second read of a file that may have changed).
-pub fn load_text(
+/// The layers merged and read leniently: the configuration as far as it
+/// could be read, and every problem found. `Err` only when the layers do
+/// not merge into a tree at all.
+pub fn read_layers(
     file_text: Option<&str>,
     env: impl IntoIterator<Item = (String, String)>,
     overrides: &Overrides,
-) -> Result<Config, ConfigErrors> {
+) -> Result<(Config, Vec<ConfigProblem>), ConfigErrors> {
     let mut figment = Figment::new().merge(Toml::string(DEFAULT_TOML));
     if let Some(text) = file_text {
         figment = figment.merge(Toml::string(text));
@@ -485,13 +487,21 @@ pub fn load_text(
             return Err(ConfigErrors(problems));
         }
     };
-    match from_value(&merged) {
-        Ok(config) if problems.is_empty() => Ok(config),
-        Ok(_) => Err(ConfigErrors(problems)),
-        Err(more) => {
-            problems.extend(more.0);
-            Err(ConfigErrors(problems))
-        }
+    let (config, more) = read_value(&merged);
+    problems.extend(more);
+    Ok((config, problems))
+}
+
+/// [`load`] with the file's text already read (a reload checks the text
+/// it then loads, not a second read of a file that may have changed).
+pub fn load_text(
+    file_text: Option<&str>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &Overrides,
+) -> Result<Config, ConfigErrors> {
+    match read_layers(file_text, env, overrides)? {
+        (config, problems) if problems.is_empty() => Ok(config),
+        (_, problems) => Err(ConfigErrors(problems)),
     }
 }
 
@@ -578,15 +588,20 @@ fn insert_path(root: &mut serde_json::Map<String, Value>, parts: &[String], valu
     node.insert(last.clone(), value);
 }
 
-/// Reads a merged configuration tree, collecting every problem: every
-/// unknown key (with the nearest known key suggested), every bad value,
-/// and the semantic checks of [`crate::policy::Runtime::new`] over
-/// everything that could be read, each once, with its full path.
-pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
+/// Reads a merged configuration tree leniently, collecting every problem:
+/// every unknown key (with the nearest known key suggested) and every bad
+/// value, each with its full path. What could not be read takes its
+/// default, so the semantic checks of policy compilation
+/// ([`crate::policy::Runtime::load`]) still see everything else.
+pub fn read_value(merged: &Value) -> (Config, Vec<ConfigProblem>) {
     let mut problems = Vec::new();
     let mut config = Config::default();
     let Some(root) = merged.as_object() else {
-        return Err(ConfigErrors::one("", "configuration must be a table"));
+        problems.push(ConfigProblem {
+            path: String::new(),
+            message: "configuration must be a table".into(),
+        });
+        return (config, problems);
     };
     for key in root.keys() {
         if !SECTIONS.contains(&key.as_str()) {
@@ -638,17 +653,14 @@ pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
             message: "must be an array of tables ([[routes]])".into(),
         }),
     }
-    if problems.is_empty() {
-        Ok(config)
-    } else {
-        if let Err(semantic) = crate::policy::Runtime::new(config) {
-            problems.extend(semantic.0);
-        }
-        // A value refused above took its default; a semantic check of that
-        // default at the same path would only repeat the complaint.
-        let mut seen = std::collections::HashSet::new();
-        problems.retain(|p| seen.insert(p.path.clone()));
-        Err(ConfigErrors(problems))
+    (config, problems)
+}
+
+/// [`read_value`], refusing any problem.
+pub fn from_value(merged: &Value) -> Result<Config, ConfigErrors> {
+    match read_value(merged) {
+        (config, problems) if problems.is_empty() => Ok(config),
+        (_, problems) => Err(ConfigErrors(problems)),
     }
 }
 
@@ -896,31 +908,6 @@ mod tests {
         assert!(
             zzz.message
                 .contains("expected one of budget_chars, keep_last_n"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn syntax_and_semantic_problems_are_reported_together() {
-        let err = load_str(
-            "colour = 1\n[policies.a]\nbudget_chars = \"lots\"\nduplicate_threshold = 2.0\nmax_message_chars = 0\npin_patterns = [\"ok\", \"(\"]\n[policies.b]\nbudget_chars = 5\nkeep_lst_n = 2\npin_patterns = [\"(\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\n[[routes]]\npath = \"/y\"\npolicy = \"ghost\"\n[[routes]]\npolicy = \"b\"",
-            &[],
-        )
-        .unwrap_err();
-        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(
-            paths,
-            [
-                "colour",
-                "policies.a.budget_chars",
-                "policies.b.keep_lst_n",
-                "policies.a.duplicate_threshold",
-                "policies.a.max_message_chars",
-                "policies.a.pin_patterns[1]",
-                "policies.b.pin_patterns[0]",
-                "routes[1].policy",
-                "routes[2].path",
-            ],
             "{err}"
         );
     }

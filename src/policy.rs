@@ -14,7 +14,9 @@ use rustls_pki_types::CertificateDer;
 
 use crate::compaction::agent::AgentPolicy;
 use crate::compaction::tokens::Encoding;
-use crate::config::{Config, ConfigErrors, ConfigProblem, Mode, PolicyConfig, Scoring};
+use crate::config::{
+    self, Config, ConfigErrors, ConfigProblem, Mode, Overrides, PolicyConfig, Scoring,
+};
 use crate::engine::Policy;
 use crate::format::Format;
 
@@ -195,6 +197,38 @@ pub struct Resolution {
 
 impl Runtime {
     /// Checks and compiles `config`, reporting every problem at once.
+    /// Loads the configuration layers and compiles them, reporting every
+    /// problem at once: those of reading (unknown keys, bad values) and
+    /// those of compiling what could be read, each path once.
+    pub fn load_text(
+        file_text: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &Overrides,
+    ) -> Result<Runtime, ConfigErrors> {
+        let (config, mut problems) = config::read_layers(file_text, env, overrides)?;
+        match Runtime::new(config) {
+            Ok(runtime) if problems.is_empty() => return Ok(runtime),
+            Ok(_) => {}
+            Err(semantic) => problems.extend(semantic.0),
+        }
+        // A value refused while reading took its default; a check of that
+        // default at the same path would only repeat the complaint.
+        let mut seen = std::collections::HashSet::new();
+        problems.retain(|p| seen.insert(p.path.clone()));
+        Err(ConfigErrors(problems))
+    }
+
+    /// [`Runtime::load_text`] of a file.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &Overrides,
+    ) -> Result<Runtime, ConfigErrors> {
+        let text = file.map(config::read_file).transpose()?;
+        Runtime::load_text(text.as_deref(), env, overrides)
+    }
+
+    /// Checks and compiles a configuration that was read without problems.
     pub fn new(config: Config) -> Result<Runtime, ConfigErrors> {
         let mut problems = Vec::new();
         let mut problem =
@@ -759,5 +793,33 @@ mod tests {
         assert_eq!(Format::for_path("/v1/responses"), Format::Responses);
         assert_eq!(rt.resolve("/custom", &h).unwrap().format, Format::Responses);
         assert!(rt.resolve("/v1/messages/count_tokens", &h).is_none());
+    }
+
+    #[test]
+    fn syntax_and_semantic_problems_are_reported_together() {
+        let err = Runtime::load_text(
+            Some(
+            "colour = 1\n[policies.a]\nbudget_chars = \"lots\"\nduplicate_threshold = 2.0\nmax_message_chars = 0\npin_patterns = [\"ok\", \"(\"]\n[policies.b]\nbudget_chars = 5\nkeep_lst_n = 2\npin_patterns = [\"(\"]\n[[routes]]\npath = \"/x\"\npolicy = \"a\"\n[[routes]]\npath = \"/y\"\npolicy = \"ghost\"\n[[routes]]\npolicy = \"b\"",
+            ),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "colour",
+                "policies.a.budget_chars",
+                "policies.b.keep_lst_n",
+                "policies.a.duplicate_threshold",
+                "policies.a.max_message_chars",
+                "policies.a.pin_patterns[1]",
+                "policies.b.pin_patterns[0]",
+                "routes[1].policy",
+                "routes[2].path",
+            ],
+            "{err}"
+        );
     }
 }
