@@ -140,6 +140,11 @@ mod tests {
                 deduped_messages: 0,
                 retained_ratio: 0.5,
                 budget_met: true,
+                pruned_chars: 0,
+                clipped_chars: 0,
+                deduped_tool_chars: 0,
+                input_tokens: None,
+                output_tokens: None,
             },
             rewritten: Some(Bytes::from_static(b"{}")),
             stable: None,
@@ -170,7 +175,14 @@ mod tests {
         let store = CheckpointStore::new(64 * 1024);
         for key in 0..100_000u128 {
             let state = ReplayState {
-                entries: vec![crate::compaction::stable::Entry { index: 0, kept: 1 }; 32],
+                entries: vec![
+                    crate::compaction::stable::Entry {
+                        index: 0,
+                        kept: 1,
+                        ..Default::default()
+                    };
+                    32
+                ],
                 replayed: 32,
                 turn: None,
             };

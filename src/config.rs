@@ -212,6 +212,74 @@ pub struct PolicyConfig {
     /// Stable mode: a re-compaction keeps the leading items within this
     /// share of the budget as they were, so their cached prefix survives.
     pub stable_head_ratio: f64,
+    /// Agent passes (exact mode): tool results older than the protected
+    /// window and longer than this become head + marker + tail; 0 = off.
+    #[serde(default = "default_max_tool_result_chars")]
+    pub max_tool_result_chars: usize,
+    /// The most recent tool output (chars) that pruning never touches.
+    #[serde(default = "default_protect_tool_chars")]
+    pub protect_tool_chars: usize,
+    /// The protected tool output is at most this share of the budget.
+    #[serde(default = "default_protect_tool_share")]
+    pub protect_tool_share: f64,
+    /// Pruning runs only when it would save at least this many chars (or
+    /// everything the conversation is over the budget by).
+    #[serde(default = "default_prune_minimum_chars")]
+    pub prune_minimum_chars: usize,
+    /// String values in older tool-call arguments are clipped to this; 0 = off.
+    #[serde(default = "default_max_arg_chars")]
+    pub max_arg_chars: usize,
+    /// A later tool result this similar (word Jaccard) to an earlier one of
+    /// the same tool becomes a marker naming it; 0 = off.
+    #[serde(default = "default_tool_duplicate_threshold")]
+    pub tool_duplicate_threshold: f64,
+    /// Tools whose calls and results the agent passes never touch.
+    #[serde(default)]
+    pub excluded_tools: Vec<String>,
+    /// When not empty, the only tools the agent passes touch.
+    #[serde(default)]
+    pub eligible_tools: Vec<String>,
+    /// Compact only at or above this many chars (0 = no char trigger).
+    #[serde(default)]
+    pub trigger_chars: usize,
+    /// Compact only at or above this many messages (0 = no message trigger).
+    #[serde(default)]
+    pub trigger_messages: usize,
+    /// Compact only at or above this many tokens (0 = no token trigger).
+    #[serde(default)]
+    pub trigger_tokens: usize,
+    /// A token budget beside `budget_chars` (0 = none; exact mode).
+    #[serde(default)]
+    pub budget_tokens: usize,
+    /// The encoding for models the token table does not know.
+    #[serde(default = "default_tokenizer_fallback")]
+    pub tokenizer_fallback: String,
+}
+
+fn default_tokenizer_fallback() -> String {
+    "o200k_base".into()
+}
+
+fn default_max_tool_result_chars() -> usize {
+    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
+    crate::compaction::agent::AgentPolicy::OFF.max_tool_result_chars
+}
+fn default_protect_tool_chars() -> usize {
+    crate::compaction::agent::AgentPolicy::DEFAULT.protect_tool_chars
+}
+fn default_protect_tool_share() -> f64 {
+    crate::compaction::agent::AgentPolicy::DEFAULT.protect_tool_share
+}
+fn default_prune_minimum_chars() -> usize {
+    crate::compaction::agent::AgentPolicy::DEFAULT.prune_minimum_chars
+}
+fn default_max_arg_chars() -> usize {
+    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
+    crate::compaction::agent::AgentPolicy::OFF.max_arg_chars
+}
+fn default_tool_duplicate_threshold() -> f64 {
+    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
+    crate::compaction::agent::AgentPolicy::OFF.tool_duplicate_threshold
 }
 
 impl Default for PolicyConfig {
@@ -236,11 +304,41 @@ impl Default for PolicyConfig {
             relevance_goal_header: None,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
+            max_tool_result_chars: default_max_tool_result_chars(),
+            protect_tool_chars: default_protect_tool_chars(),
+            protect_tool_share: default_protect_tool_share(),
+            prune_minimum_chars: default_prune_minimum_chars(),
+            max_arg_chars: default_max_arg_chars(),
+            tool_duplicate_threshold: default_tool_duplicate_threshold(),
+            excluded_tools: Vec::new(),
+            eligible_tools: Vec::new(),
+            trigger_chars: 0,
+            trigger_messages: 0,
+            trigger_tokens: 0,
+            budget_tokens: 0,
+            tokenizer_fallback: default_tokenizer_fallback(),
         }
     }
 }
 
 impl PolicyConfig {
+    /// The agent passes' settings.
+    pub fn agent_policy(&self) -> crate::compaction::agent::AgentPolicy {
+        crate::compaction::agent::AgentPolicy {
+            max_tool_result_chars: self.max_tool_result_chars,
+            protect_tool_chars: self.protect_tool_chars,
+            protect_tool_share: self.protect_tool_share,
+            prune_minimum_chars: self.prune_minimum_chars,
+            max_arg_chars: self.max_arg_chars,
+            tool_duplicate_threshold: self.tool_duplicate_threshold,
+            excluded_tools: self.excluded_tools.clone(),
+            eligible_tools: self.eligible_tools.clone(),
+            trigger_chars: self.trigger_chars,
+            trigger_messages: self.trigger_messages,
+            trigger_tokens: self.trigger_tokens,
+        }
+    }
+
     pub fn engine_policy(&self) -> Policy {
         Policy {
             budget_chars: self.budget_chars,

@@ -168,10 +168,8 @@ pub fn report_for<'a>(
     let conversation = &parsed.conversation;
     let messages = crate::compaction::engine_messages(conversation, policy);
     let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();
-    let report = crate::engine::compact(
-        &messages,
-        &crate::compaction::item_policy(conversation, policy),
-    );
+    // The engine's report over what the agent passes left, as the proxy ran it.
+    let (_, _, report) = crate::compaction::run_passes(&parsed, policy);
     Ok(RequestReport {
         policy: name,
         status: crate::proxy::compact::status_of(policy, &outcome).header(),

@@ -79,6 +79,14 @@ pub struct LossSummary {
     pub trimmed_messages: usize,
     pub retained_ratio: f64,
     pub budget_met: bool,
+    /// Chars the agent passes removed from messages that survive: pruned
+    /// tool results, clipped tool-call arguments, repeated tool results.
+    pub pruned_chars: usize,
+    pub clipped_chars: usize,
+    pub deduped_tool_chars: usize,
+    /// Tokens in and out, when the policy has a token budget.
+    pub input_tokens: Option<usize>,
+    pub output_tokens: Option<usize>,
 }
 
 impl LossSummary {
@@ -94,6 +102,11 @@ impl LossSummary {
             trimmed_messages: 0,
             retained_ratio: 1.0,
             budget_met: true,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
+            input_tokens: None,
+            output_tokens: None,
         }
     }
 
@@ -116,6 +129,11 @@ impl LossSummary {
             trimmed_messages: report.loss.trimmed_messages,
             retained_ratio: report.loss.retained_char_ratio,
             budget_met: report.budget.budget_met,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
+            input_tokens: None,
+            output_tokens: None,
         }
     }
 }
@@ -129,6 +147,9 @@ pub struct Metrics {
     deduped_messages: IntCounterVec,
     trimmed_messages: IntCounterVec,
     budget_missed: IntCounterVec,
+    pass_chars: IntCounterVec,
+    input_tokens: IntCounterVec,
+    output_tokens: IntCounterVec,
     skipped: IntCounterVec,
     retained_ratio: HistogramVec,
     compaction_duration: HistogramVec,
@@ -194,7 +215,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 16] = [
+pub const FAMILIES: [&str; 19] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -202,6 +223,9 @@ pub const FAMILIES: [&str; 16] = [
     "compaction_proxy_deduped_messages_total",
     "compaction_proxy_trimmed_messages_total",
     "compaction_proxy_budget_missed_total",
+    "compaction_proxy_pass_chars_total",
+    "compaction_proxy_input_tokens_total",
+    "compaction_proxy_output_tokens_total",
     "compaction_proxy_skipped_total",
     "compaction_proxy_retained_ratio",
     "compaction_proxy_compaction_duration_seconds",
@@ -297,6 +321,21 @@ impl Metrics {
             budget_missed: counter(
                 "budget_missed_total",
                 "Requests still over budget after compaction (protected messages exceed it).",
+                LOSS_LABELS,
+            ),
+            pass_chars: counter(
+                "pass_chars_total",
+                "Chars the agent passes removed from forwarded messages, by pass (pruned, clipped, deduped_tool).",
+                &["route", "policy", "tenant", "pass"],
+            ),
+            input_tokens: counter(
+                "input_tokens_total",
+                "Message tokens received (policies with a token budget).",
+                LOSS_LABELS,
+            ),
+            output_tokens: counter(
+                "output_tokens_total",
+                "Message tokens forwarded (policies with a token budget).",
                 LOSS_LABELS,
             ),
             skipped: counter(
@@ -520,6 +559,27 @@ impl RequestEvent {
             series
                 .loss(&series.trimmed_messages, &metrics.trimmed_messages)
                 .inc_by(loss.trimmed_messages as u64);
+            for (pass, chars) in [
+                ("pruned", loss.pruned_chars),
+                ("clipped", loss.clipped_chars),
+                ("deduped_tool", loss.deduped_tool_chars),
+            ] {
+                metrics
+                    .pass_chars
+                    .with_label_values(&[self.route.as_str(), policy, self.tenant.as_str(), pass])
+                    .inc_by(chars as u64);
+            }
+            if let (Some(input), Some(output)) = (loss.input_tokens, loss.output_tokens) {
+                let labels = [self.route.as_str(), policy, self.tenant.as_str()];
+                metrics
+                    .input_tokens
+                    .with_label_values(&labels)
+                    .inc_by(input as u64);
+                metrics
+                    .output_tokens
+                    .with_label_values(&labels)
+                    .inc_by(output as u64);
+            }
             // Created at 0 on the first request of a label set, so the series
             // exists (and rates read 0, not "no data") before any miss.
             let missed = series.loss(&series.budget_missed, &metrics.budget_missed);
@@ -647,6 +707,11 @@ mod tests {
             trimmed_messages: 0,
             retained_ratio: ratio,
             budget_met: false,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
+            input_tokens: Some(5),
+            output_tokens: Some(3),
         }
     }
 

@@ -12,6 +12,8 @@ use regex::RegexSet;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
+use crate::compaction::agent::AgentPolicy;
+use crate::compaction::tokens::Encoding;
 use crate::config::{
     self, Config, ConfigErrors, ConfigProblem, Mode, Overrides, PolicyConfig, Scoring,
 };
@@ -22,7 +24,7 @@ use crate::format::Format;
 pub const OTHER_TENANT: &str = "other";
 
 /// A policy ready to apply.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CompiledPolicy {
     /// Unique per compilation: a reloaded policy of the same name is a
     /// different policy, so outcomes cached under the old one never apply.
@@ -40,6 +42,12 @@ pub struct CompiledPolicy {
     /// Stable mode's low-water mark and kept head, as shares of the budget.
     pub stable_target_ratio: f64,
     pub stable_head_ratio: f64,
+    /// Tool-result pruning, argument clipping, tool dedupe and triggers.
+    pub agent: crate::compaction::agent::AgentPolicy,
+    /// A token budget beside the char budget (exact mode).
+    pub budget_tokens: Option<usize>,
+    /// The encoding for models the token table does not know.
+    pub tokenizer_fallback: Encoding,
 }
 
 /// The most chars of a goal header that join the relevance query: a goal
@@ -67,6 +75,9 @@ impl CompiledPolicy {
             relevance_goal_header: None,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
+            agent: crate::compaction::agent::AgentPolicy::OFF,
+            budget_tokens: None,
+            tokenizer_fallback: Encoding::O200kBase,
         }
     }
 
@@ -99,6 +110,9 @@ impl CompiledPolicy {
             relevance_goal_header: self.relevance_goal_header.clone(),
             stable_target_ratio: self.stable_target_ratio,
             stable_head_ratio: self.stable_head_ratio,
+            agent: self.agent.clone(),
+            budget_tokens: self.budget_tokens,
+            tokenizer_fallback: self.tokenizer_fallback,
         }
     }
 }
@@ -476,6 +490,54 @@ fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(S
             "must be in [0, stable_target_ratio)".to_owned(),
         ));
     }
+    if !(p.protect_tool_share >= 0.0 && p.protect_tool_share <= 1.0) {
+        problems.push(("protect_tool_share".into(), "must be in [0, 1]".to_owned()));
+    }
+    if !(p.tool_duplicate_threshold >= 0.0 && p.tool_duplicate_threshold <= 1.0) {
+        problems.push((
+            "tool_duplicate_threshold".into(),
+            "must be in [0, 1] (0 turns tool dedupe off)".to_owned(),
+        ));
+    }
+    if p.max_tool_result_chars > 0 && p.max_tool_result_chars < AgentPolicy::MIN_KEPT_CHARS {
+        problems.push((
+            "max_tool_result_chars".into(),
+            format!(
+                "must be 0 (off) or at least {}: head and tail need room",
+                AgentPolicy::MIN_KEPT_CHARS
+            ),
+        ));
+    }
+    if p.max_arg_chars > 0 && p.max_arg_chars < AgentPolicy::MIN_KEPT_CHARS {
+        problems.push((
+            "max_arg_chars".into(),
+            format!(
+                "must be 0 (off) or at least {}",
+                AgentPolicy::MIN_KEPT_CHARS
+            ),
+        ));
+    }
+    let tokenizer_fallback = Encoding::parse(&p.tokenizer_fallback);
+    if tokenizer_fallback.is_none() {
+        problems.push((
+            "tokenizer_fallback".into(),
+            "must be \"o200k_base\" or \"cl100k_base\"".to_owned(),
+        ));
+    }
+    if (p.budget_tokens > 0 || p.trigger_tokens > 0) && p.mode == Mode::Stable {
+        problems.push((
+            "budget_tokens".into(),
+            "token budgets and triggers apply in exact mode only".to_owned(),
+        ));
+    }
+    for tool in &p.excluded_tools {
+        if p.eligible_tools.contains(tool) {
+            problems.push((
+                "eligible_tools".into(),
+                format!("{tool:?} is also in excluded_tools"),
+            ));
+        }
+    }
     for (key, value) in [
         ("pin_relevant_above", p.pin_relevant_above),
         ("relevant_pin_share", p.relevant_pin_share),
@@ -529,6 +591,9 @@ fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(S
             relevance_goal_header: relevance_goal_header.and_then(Result::ok),
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,
+            agent: p.agent_policy(),
+            budget_tokens: (p.budget_tokens > 0).then_some(p.budget_tokens),
+            tokenizer_fallback: tokenizer_fallback.unwrap_or(Encoding::O200kBase),
         }),
         _ => Err(problems),
     }

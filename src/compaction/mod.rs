@@ -5,22 +5,37 @@
 //! 1. **pins** ([`engine_messages`]): the policy's pin rules
 //!    (`pin_first_user`, `pin_patterns`) and the format's fixed items
 //!    become engine pins; roles are the engine's own (`keep_roles`).
-//! 2. **mode**: `exact` compacts the whole conversation with the engine;
-//!    `stable` replays it so each turn extends the previous one
-//!    ([`stable`]).
-//! 3. **format rules** ([`crate::format::Format::repair`]): what the API
+//! 2. **triggers**: below every set trigger (`trigger_chars`,
+//!    `trigger_messages`) the body goes as it came, even over its budget.
+//! 3. **mode**: `exact` runs the agent passes ([`agent`]: tool dedupe,
+//!    prune, clip) and then the engine on the whole conversation, each
+//!    stopping once it fits; `stable` replays it so each turn extends the
+//!    previous one ([`stable`]; the agent passes run only when the form is
+//!    re-compacted, never on a turn that only appends).
+//! 4. **format rules** ([`crate::format::Format::repair`]): what the API
 //!    requires of the survivors (a Messages conversation starts with a user
 //!    turn).
-//! 4. **loss** ([`loss_of`]): what the plan removed, for headers and metrics.
+//! 5. **loss** ([`loss_of`]): what the plan removed, for headers and metrics.
 //!
 //! Pure: no I/O and no async, like the engine it drives.
 
+pub mod agent;
 pub mod stable;
+pub mod tokens;
 
 use crate::engine::{self, Kept, Message, Report};
 use crate::format::{Conversation, Format, Parsed, Plan, Planned};
 use crate::metrics::LossSummary;
 use crate::policy::CompiledPolicy;
+
+/// Which items `policy` protects from every pass: the engine's pins and
+/// the roles it keeps.
+pub fn protected_items(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<bool> {
+    engine_messages(conversation, policy)
+        .iter()
+        .map(|m| m.pin || policy.engine.keep_roles.contains(&m.role))
+        .collect()
+}
 
 /// The engine's view of the items under `policy`'s pin rules.
 pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
@@ -110,19 +125,34 @@ pub fn compact(
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
     let total = conversation.total_chars();
+    let needs_tokens = policy.budget_tokens.is_some() || policy.agent.trigger_tokens > 0;
+    let encoding = needs_tokens
+        .then(|| tokens::Encoding::for_model(parsed.model().as_deref(), policy.tokenizer_fallback));
+    let input_tokens = std::cell::OnceCell::new();
+    let count_input =
+        || *input_tokens.get_or_init(|| encoding.map_or(0, |e| e.conversation(conversation)));
+    let triggered = policy.agent.triggered(conversation, count_input);
+    if let (Some(budget_tokens), Some(encoding), crate::config::Mode::Exact) =
+        (policy.budget_tokens, encoding, policy.mode)
+    {
+        return compact_to_tokens(parsed, policy, encoding, budget_tokens, triggered);
+    }
+    let mut edits = agent::AgentEdits::default();
     // Items the dedupe stage removed (exact mode; stable mode's replay
     // reports its removals as drops).
     let mut deduped = 0;
     let (plan, stable) = match policy.mode {
         crate::config::Mode::Exact => {
-            if total <= budget {
+            if total <= budget || !triggered {
                 (None, None)
             } else {
-                let (report, plan) = run_engine(conversation, policy);
+                let (plan, done, report) = run_passes(parsed, policy);
+                edits = done;
                 deduped = report.stages.dedupe.removed_messages;
                 (plan, None)
             }
         }
+        crate::config::Mode::Stable if !triggered => (None, None),
         crate::config::Mode::Stable if total <= budget => {
             // Every prefix fits too: the replay would only have appended.
             let prev = stable::previous_turn_end(conversation);
@@ -136,6 +166,7 @@ pub fn compact(
         }
         crate::config::Mode::Stable => {
             let replayed = stable::replay(parsed, policy, checkpoints);
+            edits = replayed.edits;
             let plan = changes(&replayed.plan, conversation.items.len()).then_some(replayed.plan);
             (plan, Some(replayed.info))
         }
@@ -147,25 +178,184 @@ pub fn compact(
     let loss = match &plan {
         Some(plan) => LossSummary {
             deduped_messages: deduped,
-            ..loss_of(conversation, plan, budget)
+            ..loss_with_passes(conversation, plan, budget, &edits)
         },
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
     Compacted { plan, loss, stable }
 }
 
+/// Exact mode under a token budget beside the char budget: the char
+/// pipeline runs at a char budget scaled by the conversation's chars per
+/// token, tightened until the forwarded tokens fit too (a few rounds).
+fn compact_to_tokens(
+    parsed: &Parsed,
+    policy: &CompiledPolicy,
+    encoding: tokens::Encoding,
+    budget_tokens: usize,
+    triggered: bool,
+) -> Compacted {
+    let conversation = &parsed.conversation;
+    let total = conversation.total_chars();
+    let budget = policy.engine.budget_chars;
+    let input_tokens = encoding.conversation(conversation);
+    let with_tokens = |mut loss: LossSummary, output_tokens: usize| {
+        loss.budget_met = loss.budget_met && output_tokens <= budget_tokens;
+        loss.input_tokens = Some(input_tokens);
+        loss.output_tokens = Some(output_tokens);
+        loss
+    };
+    if (total <= budget && input_tokens <= budget_tokens) || !triggered {
+        let loss = LossSummary::unchanged_within(total, conversation.items.len(), budget);
+        return Compacted {
+            plan: None,
+            loss: with_tokens(loss, input_tokens),
+            stable: None,
+        };
+    }
+    let scaled = |chars: usize, tokens: usize| {
+        (chars as u128 * budget_tokens as u128 / tokens.max(1) as u128) as usize
+    };
+    let mut chars_budget = if input_tokens > budget_tokens {
+        budget.min(scaled(total, input_tokens))
+    } else {
+        budget
+    };
+    let mut round = policy.clone();
+    let mut best = None;
+    for _ in 0..6 {
+        round.engine.budget_chars = chars_budget;
+        let (plan, edits, deduped) = if total <= chars_budget {
+            (None, agent::AgentEdits::default(), 0)
+        } else {
+            let (plan, edits, report) = run_passes(parsed, &round);
+            (plan, edits, report.stages.dedupe.removed_messages)
+        };
+        let plan = plan.map(|mut plan| {
+            parsed.format.repair(conversation, &mut plan);
+            plan
+        });
+        let output_tokens = plan
+            .as_ref()
+            .map_or(input_tokens, |p| encoding.plan(conversation, p));
+        let loss = match &plan {
+            Some(plan) => LossSummary {
+                deduped_messages: deduped,
+                ..loss_with_passes(conversation, plan, budget, &edits)
+            },
+            None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
+        };
+        let done = output_tokens <= budget_tokens || chars_budget == 0;
+        best = Some(Compacted {
+            plan,
+            loss: with_tokens(loss, output_tokens),
+            stable: None,
+        });
+        if done {
+            break;
+        }
+        // Aim a little under: the chars per token of what is left differ.
+        let next = scaled(chars_budget, output_tokens) * 97 / 100;
+        chars_budget = next.min(chars_budget.saturating_sub(1));
+    }
+    best.expect("at least one round")
+}
+
+/// Exact mode: the agent passes, then the engine on what they left, each
+/// stopping once the conversation fits. The plan is `None` when nothing
+/// changed.
+/// Also returns the engine's report over what the passes left.
+pub fn run_passes(
+    parsed: &Parsed,
+    policy: &CompiledPolicy,
+) -> (Option<Plan>, agent::AgentEdits, Report) {
+    let conversation = &parsed.conversation;
+    let protected = protected_items(conversation, policy);
+    let edits = agent::run(
+        conversation,
+        &protected,
+        policy.engine.budget_chars,
+        &policy.agent,
+        &|item, call| parsed.can_replace_arguments(item, call),
+    );
+    let edited = edits.apply(conversation);
+    // Excluded tools' units reach the engine as fixed chars: it may drop
+    // them whole but never cut them.
+    let excluded = agent::excluded_items(conversation, &policy.agent);
+    // Pins come from the items as they came, not from the edited text.
+    let messages: Vec<Message> = engine_messages(conversation, policy)
+        .into_iter()
+        .zip(&edited.items)
+        .zip(&excluded)
+        .map(|((m, item), &excluded)| {
+            let (content, fixed_chars) = if excluded {
+                (String::new(), item.chars())
+            } else {
+                (item.text.clone(), item.fixed_chars)
+            };
+            Message {
+                content,
+                fixed_chars,
+                ..m
+            }
+        })
+        .collect();
+    let report = engine::compact(&messages, &item_policy(&edited, policy));
+    let mut plan = plan_of(&report);
+    for p in &mut plan.items {
+        if excluded[p.index] {
+            p.text = None;
+        } else if p.text.is_none() {
+            p.text = edits.texts.get(&p.index).map(|e| e.text().to_owned());
+        }
+        if let Some(args) = edits.arguments.get(&p.index) {
+            p.arguments = args.clone();
+        }
+    }
+    if !changes(&plan, conversation.items.len()) {
+        return (None, edits, report);
+    }
+    (Some(plan), edits, report)
+}
+
 /// The loss a plan reports against the conversation it came from.
 pub fn loss_of(conversation: &Conversation, plan: &Plan, budget: usize) -> LossSummary {
+    loss_with_passes(conversation, plan, budget, &agent::AgentEdits::default())
+}
+
+/// The loss of a plan made by the agent passes' `edits` and the engine:
+/// chars the passes removed from surviving items count per pass; an item
+/// counts as trimmed only when the engine cut it further.
+pub fn loss_with_passes(
+    conversation: &Conversation,
+    plan: &Plan,
+    budget: usize,
+    edits: &agent::AgentEdits,
+) -> LossSummary {
+    use engine::text::char_count;
     let input_chars = conversation.total_chars();
     let mut output_chars = conversation.outside_chars;
     let mut trimmed = 0;
+    let (mut pruned, mut deduped, mut clipped) = (0, 0, 0);
     for p in &plan.items {
         let item = &conversation.items[p.index];
         let mut chars = item.chars();
         if let Some(text) = &p.text {
-            chars = chars - engine::text::char_count(&item.text) + engine::text::char_count(text);
-            trimmed += 1;
+            chars = chars - char_count(&item.text) + char_count(text);
+            let by_pass = edits.texts.get(&p.index).map(|e| e.text());
+            if by_pass != Some(text.as_str()) {
+                trimmed += 1;
+            }
         }
+        for (call, args) in &p.arguments {
+            if let Some(old) = item.tool_calls.get(*call) {
+                chars = chars - char_count(&old.arguments) + char_count(args);
+            }
+        }
+        let (p_chars, d_chars) = edits.text_saving(conversation, p.index);
+        pruned += p_chars;
+        deduped += d_chars;
+        clipped += edits.clip_saving(conversation, p.index);
         output_chars += chars;
     }
     LossSummary {
@@ -182,6 +372,11 @@ pub fn loss_of(conversation: &Conversation, plan: &Plan, budget: usize) -> LossS
             engine::round_to(output_chars as f64 / input_chars as f64, 4)
         },
         budget_met: output_chars <= budget,
+        pruned_chars: pruned,
+        clipped_chars: clipped,
+        deduped_tool_chars: deduped,
+        input_tokens: None,
+        output_tokens: None,
     }
 }
 
@@ -236,10 +431,10 @@ impl Parsed<'_> {
         engine_messages(&self.conversation, policy)
     }
 
-    /// Runs the engine (exact mode) and, when anything changed, the body to
-    /// forward.
+    /// Runs the agent passes and the engine (exact mode) and, when anything
+    /// changed, the body to forward.
     pub fn compact(&self, policy: &CompiledPolicy) -> (Report, Option<String>) {
-        let (report, plan) = run_engine(&self.conversation, policy);
+        let (plan, _, report) = run_passes(self, policy);
         let body = plan.map(|mut plan| {
             self.format.repair(&self.conversation, &mut plan);
             self.splice(&plan)

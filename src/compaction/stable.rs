@@ -21,16 +21,35 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3;
 
+use std::borrow::Cow;
+
+use super::agent::{self, AgentEdits, TextEdit};
 use crate::engine::{self, text::char_count, text::char_prefix, Message};
 use crate::format::{Conversation, Parsed, Plan, Planned};
 use crate::policy::CompiledPolicy;
 
-/// One item of the running form: which item, and how many chars of its
-/// text are kept (a prefix).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One item of the running form: which item, what the agent passes made
+/// of it, and how many chars of that text are kept (a prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Entry {
     pub index: u32,
     pub kept: u32,
+    pub edit: Edit,
+    /// Tool calls (by position, the first 32) whose arguments are clipped
+    /// to the policy's `max_arg_chars`.
+    pub clipped: u32,
+}
+
+/// An agent pass's rewrite of an entry's text. Either is a pure function
+/// of the item (and the policy), so a state holds only which one applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Edit {
+    #[default]
+    None,
+    /// Head + marker + tail at `max_tool_result_chars`.
+    Pruned,
+    /// A marker naming the call that item (an index) answers.
+    Deduped(u32),
 }
 
 /// The running form after some prefix of the conversation.
@@ -87,6 +106,8 @@ pub struct StableInfo {
 pub struct Replayed {
     pub plan: Plan,
     pub info: StableInfo,
+    /// What the agent passes did to the forwarded items, for the loss.
+    pub edits: AgentEdits,
 }
 
 /// Replays `parsed`'s conversation under `policy` (stable mode).
@@ -117,7 +138,7 @@ pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkp
         start = end;
     }
 
-    let replay = Replay::new(conversation, policy);
+    let replay = Replay::new(parsed, policy);
     // Resume from the latest unit end an earlier request stopped at.
     let mut state = ReplayState::default();
     let mut resumed = false;
@@ -146,6 +167,7 @@ pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkp
             state.entries.push(Entry {
                 index: i as u32,
                 kept,
+                ..Entry::default()
             });
             total += conversation.items[i].chars();
         }
@@ -179,24 +201,55 @@ pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkp
     if let Some(key) = keys.last() {
         checkpoints.put(*key, Arc::new(state.clone()));
     }
+    let mut edits = AgentEdits::default();
     let plan = Plan {
         items: state
             .entries
             .iter()
             .map(|e| {
-                let item = &conversation.items[e.index as usize];
-                let full = char_count(&item.text) as u32;
+                let index = e.index as usize;
+                let item = &conversation.items[index];
+                let edited = replay.text_of(e);
+                let full = char_count(&edited) as u32;
+                match e.edit {
+                    Edit::None => {}
+                    Edit::Pruned => {
+                        edits
+                            .texts
+                            .insert(index, TextEdit::Pruned(edited.to_string()));
+                    }
+                    Edit::Deduped(of) => {
+                        let of = conversation.items[of as usize]
+                            .answers
+                            .clone()
+                            .unwrap_or_default();
+                        edits.texts.insert(
+                            index,
+                            TextEdit::Deduped {
+                                text: edited.to_string(),
+                                of,
+                            },
+                        );
+                    }
+                }
+                let arguments = replay.arguments_of(e);
+                if !arguments.is_empty() {
+                    edits.arguments.insert(index, arguments.clone());
+                }
+                let changed = e.edit != Edit::None || e.kept < full;
                 Planned {
-                    index: e.index as usize,
-                    text: (e.kept < full)
-                        .then(|| char_prefix(&item.text, e.kept as usize).to_owned()),
-                    arguments: Vec::new(),
+                    index,
+                    text: changed
+                        .then(|| char_prefix(&edited, e.kept as usize).to_owned())
+                        .filter(|t| *t != item.text),
+                    arguments,
                 }
             })
             .collect(),
     };
     Replayed {
         plan,
+        edits,
         info: StableInfo {
             stable_messages,
             rebased,
@@ -263,10 +316,15 @@ pub(crate) fn previous_turn_end(conversation: &Conversation) -> usize {
 
 /// The fixed parts of one replay.
 struct Replay<'a> {
+    parsed: &'a Parsed<'a>,
     conversation: &'a Conversation,
     policy: &'a CompiledPolicy,
     /// Pins of each item under the policy's rules.
     pins: Vec<bool>,
+    /// Pins and kept roles: what the agent passes never touch.
+    protected: Vec<bool>,
+    /// Excluded tools' units: the engine may drop them but never cut them.
+    excluded: Vec<bool>,
     /// The budget of the items (outside chars already spent).
     budget: usize,
     target: usize,
@@ -274,24 +332,73 @@ struct Replay<'a> {
 }
 
 impl<'a> Replay<'a> {
-    fn new(conversation: &'a Conversation, policy: &'a CompiledPolicy) -> Self {
+    fn new(parsed: &'a Parsed<'a>, policy: &'a CompiledPolicy) -> Self {
+        let conversation = &parsed.conversation;
         let pins = super::engine_messages(conversation, policy)
             .into_iter()
             .map(|m| m.pin)
             .collect();
+        let protected = super::protected_items(conversation, policy);
         let budget = super::item_policy(conversation, policy).budget_chars;
         Replay {
+            parsed,
             conversation,
             policy,
             pins,
+            protected,
+            excluded: agent::excluded_items(conversation, &policy.agent),
             budget,
             target: (budget as f64 * policy.stable_target_ratio) as usize,
             head: (budget as f64 * policy.stable_head_ratio) as usize,
         }
     }
 
+    /// An entry's whole text after its agent edit (before the kept prefix).
+    fn text_of(&self, e: &Entry) -> Cow<'a, str> {
+        let text = &self.conversation.items[e.index as usize].text;
+        match e.edit {
+            Edit::None => Cow::Borrowed(text),
+            Edit::Pruned => agent::head_and_tail(text, self.policy.agent.max_tool_result_chars)
+                .map_or(Cow::Borrowed(text), Cow::Owned),
+            Edit::Deduped(of) => Cow::Owned(agent::duplicate_marker(
+                self.conversation.items[of as usize]
+                    .answers
+                    .as_deref()
+                    .unwrap_or_default(),
+            )),
+        }
+    }
+
+    /// An entry's clipped arguments, by call position.
+    fn arguments_of(&self, e: &Entry) -> Vec<(usize, String)> {
+        if e.clipped == 0 {
+            return Vec::new();
+        }
+        let item = &self.conversation.items[e.index as usize];
+        item.tool_calls
+            .iter()
+            .enumerate()
+            .take(32)
+            .filter(|(pos, _)| e.clipped & (1 << pos) != 0)
+            .filter_map(|(pos, call)| {
+                agent::clip_arguments(&call.arguments, self.policy.agent.max_arg_chars)
+                    .map(|args| (pos, args))
+            })
+            .collect()
+    }
+
+    /// An entry's fixed chars, with its clipped arguments.
+    fn fixed_of(&self, e: &Entry) -> usize {
+        let item = &self.conversation.items[e.index as usize];
+        self.arguments_of(e)
+            .iter()
+            .fold(item.fixed_chars, |fixed, (pos, args)| {
+                fixed - char_count(&item.tool_calls[*pos].arguments) + char_count(args)
+            })
+    }
+
     fn chars(&self, e: &Entry) -> usize {
-        e.kept as usize + self.conversation.items[e.index as usize].fixed_chars
+        e.kept as usize + self.fixed_of(e)
     }
 
     fn total(&self, entries: &[Entry]) -> usize {
@@ -303,8 +410,11 @@ impl<'a> Replay<'a> {
         state.replayed == end
             && state.entries.iter().all(|e| {
                 (e.index as usize) < end
-                    && e.kept as usize
-                        <= char_count(&self.conversation.items[e.index as usize].text)
+                    && match e.edit {
+                        Edit::Deduped(of) => of < e.index,
+                        _ => true,
+                    }
+                    && e.kept as usize <= char_count(&self.text_of(e))
             })
     }
 
@@ -339,17 +449,26 @@ impl<'a> Replay<'a> {
     }
 
     fn compact(&self, entries: &[Entry], head_len: usize) -> Vec<Entry> {
+        let entries = self.agent_passes(entries, head_len);
         let messages: Vec<Message> = entries
             .iter()
             .enumerate()
             .map(|(k, e)| {
                 let item = &self.conversation.items[e.index as usize];
+                let (content, fixed_chars) = if self.excluded[e.index as usize] {
+                    (String::new(), self.chars(e))
+                } else {
+                    (
+                        char_prefix(&self.text_of(e), e.kept as usize).to_owned(),
+                        self.fixed_of(e),
+                    )
+                };
                 Message {
                     role: item.role,
-                    content: char_prefix(&item.text, e.kept as usize).to_owned(),
+                    content,
                     id: None,
                     pin: k < head_len || self.pins[e.index as usize],
-                    fixed_chars: item.fixed_chars,
+                    fixed_chars,
                     group: item.group,
                 }
             })
@@ -360,12 +479,93 @@ impl<'a> Replay<'a> {
         report
             .messages
             .iter()
-            .map(|m| Entry {
-                index: entries[m.index].index,
-                kept: (m.chars
-                    - self.conversation.items[entries[m.index].index as usize].fixed_chars)
-                    as u32,
+            .map(|m| {
+                let e = entries[m.index];
+                if self.excluded[e.index as usize] {
+                    return e;
+                }
+                Entry {
+                    kept: (m.chars - self.fixed_of(&e)) as u32,
+                    ..e
+                }
             })
             .collect()
+    }
+
+    /// The agent passes over the running form, down to the target: only
+    /// entries outside the head that no pass or trim has touched yet are
+    /// candidates, so each edit stays a pure function of its item.
+    fn agent_passes(&self, entries: &[Entry], head_len: usize) -> Vec<Entry> {
+        let form = Conversation {
+            items: entries
+                .iter()
+                .map(|e| {
+                    let mut item = self.conversation.items[e.index as usize].clone();
+                    item.text = char_prefix(&self.text_of(e), e.kept as usize).to_owned();
+                    item.fixed_chars = self.fixed_of(e);
+                    for (pos, args) in self.arguments_of(e) {
+                        item.tool_calls[pos].arguments = args;
+                    }
+                    item
+                })
+                .collect(),
+            outside_chars: 0,
+        };
+        let untouchable: Vec<bool> = entries
+            .iter()
+            .enumerate()
+            .map(|(k, e)| {
+                k < head_len
+                    || self.protected[e.index as usize]
+                    || e.edit != Edit::None
+                    || e.clipped != 0
+                    || e.kept as usize
+                        != char_count(&self.conversation.items[e.index as usize].text)
+            })
+            .collect();
+        let edits = agent::run(
+            &form,
+            &untouchable,
+            self.target,
+            &self.policy.agent,
+            &|k, call| {
+                call < 32
+                    && self
+                        .parsed
+                        .can_replace_arguments(entries[k].index as usize, call)
+            },
+        );
+        if edits.is_empty() {
+            return entries.to_vec();
+        }
+        let mut out = entries.to_vec();
+        for (&k, edit) in &edits.texts {
+            let e = &mut out[k];
+            e.edit = match edit {
+                TextEdit::Pruned(_) => Edit::Pruned,
+                TextEdit::Deduped { .. } => {
+                    // The earlier result the marker names, by item index.
+                    let of = form
+                        .items
+                        .iter()
+                        .take(k)
+                        .rposition(|item| {
+                            matches!(edit, TextEdit::Deduped { of, .. } if item.answers.as_deref() == Some(of.as_str()))
+                        })
+                        .map(|j| entries[j].index);
+                    match of {
+                        Some(of) => Edit::Deduped(of),
+                        None => continue,
+                    }
+                }
+            };
+            e.kept = char_count(&self.text_of(e)) as u32;
+        }
+        for (&k, args) in &edits.arguments {
+            for (pos, _) in args {
+                out[k].clipped |= 1 << pos;
+            }
+        }
+        out
     }
 }

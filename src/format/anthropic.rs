@@ -182,10 +182,10 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
                         }
                         "tool_use" => {
                             let input = b.input.map_or("{}", RawValue::get);
-                            if let Some(raw_input) = b.input {
-                                w.arguments
-                                    .push((span(body, raw_input.get()), ArgumentsForm::Inline));
-                            }
+                            w.arguments.push(
+                                b.input
+                                    .map(|raw| (span(body, raw.get()), ArgumentsForm::Inline)),
+                            );
                             let name = b.name.as_deref().unwrap_or_default();
                             item.fixed_chars += char_count(name) + char_count(input);
                             let id = b.id.as_deref().unwrap_or_default().to_owned();

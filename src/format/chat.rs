@@ -135,19 +135,26 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
                 let (name, arguments) = match (&call.function, &call.custom) {
                     (Some(f), _) => {
                         let args = f.arguments.and_then(|a| string_at(body, a));
-                        if let Some((s, _)) = &args {
-                            w.arguments.push((s.clone(), ArgumentsForm::Encoded));
-                        }
+                        w.arguments.push(
+                            args.as_ref()
+                                .map(|(s, _)| (s.clone(), ArgumentsForm::Encoded)),
+                        );
                         (
                             f.name.as_deref().unwrap_or_default().to_owned(),
                             args.map(|(_, a)| a.into_owned()).unwrap_or_default(),
                         )
                     }
-                    (None, Some(c)) => (
-                        c.name.as_deref().unwrap_or_default().to_owned(),
-                        c.input.as_deref().unwrap_or_default().to_owned(),
-                    ),
-                    (None, None) => Default::default(),
+                    (None, Some(c)) => {
+                        w.arguments.push(None);
+                        (
+                            c.name.as_deref().unwrap_or_default().to_owned(),
+                            c.input.as_deref().unwrap_or_default().to_owned(),
+                        )
+                    }
+                    (None, None) => {
+                        w.arguments.push(None);
+                        Default::default()
+                    }
                 };
                 item.fixed_chars += char_count(&name) + char_count(&arguments);
                 item.tool_calls.push(ToolCall {

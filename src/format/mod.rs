@@ -231,6 +231,19 @@ impl Parsed<'_> {
         self.conversation.total_chars()
     }
 
+    /// The request's top-level `model`, if it names one.
+    pub fn model(&self) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Model<'a> {
+            #[serde(borrow, default)]
+            model: Option<std::borrow::Cow<'a, str>>,
+        }
+        serde_json::from_str::<Model>(self.body)
+            .ok()?
+            .model
+            .map(|m| m.into_owned())
+    }
+
     /// The bytes of item `i` as it came.
     pub fn item_bytes(&self, i: usize) -> &[u8] {
         self.body[self.wire[i].span.clone()].as_bytes()

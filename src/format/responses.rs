@@ -157,9 +157,10 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
             "function_call" => {
                 item.role = Role::Assistant;
                 let args = f.arguments.and_then(|a| string_at(body, a));
-                if let Some((s, _)) = &args {
-                    w.arguments.push((s.clone(), ArgumentsForm::Encoded));
-                }
+                w.arguments.push(
+                    args.as_ref()
+                        .map(|(s, _)| (s.clone(), ArgumentsForm::Encoded)),
+                );
                 let name = f.name.as_deref().unwrap_or_default().to_owned();
                 let arguments = args.map(|(_, a)| a.into_owned()).unwrap_or_default();
                 item.fixed_chars = char_count(&name) + char_count(&arguments);

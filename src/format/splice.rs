@@ -69,10 +69,12 @@ pub(crate) struct WireItem<'a> {
     /// Elements a moved marker must not land on, because the API refuses
     /// them there or their bytes must stay as they came (thinking blocks).
     pub unmarkable: Vec<ElementRef>,
-    /// Tool-call argument strings, in the order of the item's tool calls:
-    /// the JSON string's span and whether it is a JSON string holding JSON
-    /// (chat, responses) or the JSON object itself (anthropic).
-    pub arguments: Vec<(Range<usize>, ArgumentsForm)>,
+    /// Tool-call argument strings, one per tool call of the item, in order
+    /// (`None` for a call whose arguments cannot be replaced, such as a
+    /// custom tool's free-form input), so a plan's call position finds its
+    /// call: the JSON string's span and whether it is a JSON string holding
+    /// JSON (chat, responses) or the JSON object itself (anthropic).
+    pub arguments: Vec<Option<(Range<usize>, ArgumentsForm)>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +183,15 @@ impl WireItem<'_> {
 }
 
 impl Parsed<'_> {
+    /// Whether a plan can replace the arguments of item `index`'s call at
+    /// `call` (its arguments sit in the body as JSON).
+    pub fn can_replace_arguments(&self, index: usize, call: usize) -> bool {
+        matches!(
+            self.wire.get(index).and_then(|w| w.arguments.get(call)),
+            Some(Some(_))
+        )
+    }
+
     /// The body with the compacted array replaced by the plan's items.
     pub fn splice(&self, plan: &Plan) -> String {
         let body = self.body;
@@ -203,7 +214,7 @@ impl Parsed<'_> {
                 item.set_text(wire, new);
             }
             for (call, args) in &p.arguments {
-                if let Some((span, form)) = wire.arguments.get(*call) {
+                if let Some(Some((span, form))) = wire.arguments.get(*call) {
                     let value = match form {
                         ArgumentsForm::Encoded => json_string(args),
                         ArgumentsForm::Inline => args.clone(),

@@ -111,6 +111,16 @@ pub fn write_loss_report(
             loss.retained_ratio.to_string(),
         );
         set("x-compaction-budget-met", loss.budget_met.to_string());
+        set("x-compaction-pruned-chars", loss.pruned_chars.to_string());
+        set("x-compaction-clipped-chars", loss.clipped_chars.to_string());
+        set(
+            "x-compaction-deduped-tool-chars",
+            loss.deduped_tool_chars.to_string(),
+        );
+        if let (Some(input), Some(output)) = (loss.input_tokens, loss.output_tokens) {
+            set("x-compaction-input-tokens", input.to_string());
+            set("x-compaction-output-tokens", output.to_string());
+        }
     }
 }
 

@@ -441,6 +441,34 @@ acme = "phantom"
     );
 }
 
+#[test]
+fn check_config_reports_agent_pass_keys_out_of_range() {
+    let config = config_file(
+        r#"
+[policies.agent]
+budget_chars = 1000
+protect_tool_share = 1.5
+tool_duplicate_threshold = -0.1
+max_tool_result_chars = 3
+max_arg_chars = 2
+excluded_tools = ["bash"]
+eligible_tools = ["bash"]
+tokenizer_fallback = "p50k_base"
+"#,
+    );
+    assert_check_config_reports(
+        &config,
+        &[
+            "policies.agent.protect_tool_share",
+            "policies.agent.tool_duplicate_threshold",
+            "policies.agent.max_tool_result_chars",
+            "policies.agent.max_arg_chars",
+            "policies.agent.eligible_tools",
+            "policies.agent.tokenizer_fallback",
+        ],
+    );
+}
+
 // ---------------------------------------------------------------------------
 // serve
 // ---------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 mod support;
 
+mod agent_fixture;
+mod agent_properties;
 mod binary;
 mod chart_files;
 mod engine_properties;
@@ -15,6 +17,7 @@ mod hostile;
 mod metrics_scrape;
 mod openai_properties;
 mod operator;
+mod proxy_agent;
 mod proxy_basics;
 mod proxy_failures;
 mod proxy_relevance;

@@ -23,6 +23,7 @@ max_message_chars = 100
 
 [policies.small]
 budget_chars = 100
+budget_tokens = 50              # exercises the token families
 keep_last_n = 1
 pin_first_user = false
 

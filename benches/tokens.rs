@@ -1,0 +1,57 @@
+//! Token counting speed on the 150-turn agent fixture (about 260 KB of
+//! text): cold (every text counted by the BPE) and warm (a repeated turn,
+//! every text's count from the per-text cache).
+//!
+//! Run: `cargo bench --bench tokens -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+
+use compaction_proxy::compaction::tokens::Encoding;
+use compaction_proxy::format::Format;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+fn bench(c: &mut Criterion) {
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/fixtures/agent-150-turns.json"
+    ))
+    .expect("fixture");
+    let parsed = Format::Chat.parse(&body, usize::MAX).expect("parses");
+    let conversation = &parsed.conversation;
+    let bytes: usize = conversation
+        .items
+        .iter()
+        .map(|i| {
+            i.text.len()
+                + i.tool_calls
+                    .iter()
+                    .map(|c| c.arguments.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    let mut group = c.benchmark_group("tokens");
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("cold (uncached BPE)", |b| {
+        b.iter(|| {
+            conversation
+                .items
+                .iter()
+                .map(|i| {
+                    Encoding::O200kBase.count(&i.text)
+                        + i.tool_calls
+                            .iter()
+                            .map(|c| Encoding::O200kBase.count(&c.arguments))
+                            .sum::<usize>()
+                })
+                .sum::<usize>()
+        })
+    });
+    Encoding::O200kBase.conversation(conversation);
+    group.bench_function("warm (per-text cache)", |b| {
+        b.iter(|| Encoding::O200kBase.conversation(black_box(conversation)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

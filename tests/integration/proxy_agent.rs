@@ -1,0 +1,161 @@
+//! The agent passes through the real server: what reaches the upstream, the
+//! per-pass headers, and triggers.
+
+use serde_json::json;
+
+use crate::support::*;
+
+const AGENT_POLICY: &str = "[policies.default]
+budget_chars = 400
+keep_last_n = 1
+max_tool_result_chars = 100
+protect_tool_chars = 0
+prune_minimum_chars = 0
+max_arg_chars = 40
+";
+
+fn agent_body() -> serde_json::Value {
+    let output: String = (0..200).map(|k| format!("line{k} ")).collect();
+    let args = json!({"path": "a.rs", "content": "y".repeat(300)}).to_string();
+    json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "Task: fix it."},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "write_file", "arguments": args}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": output},
+        {"role": "user", "content": "Now test it."},
+    ]})
+}
+
+#[tokio::test]
+async fn old_tool_output_is_pruned_and_arguments_clipped_with_headers() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(AGENT_POLICY, &upstream.url()).await;
+    let body = agent_body();
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+
+    let sent = upstream.last().json();
+    let messages = sent["messages"].as_array().unwrap();
+    assert_eq!(
+        messages.len(),
+        4,
+        "pruning and clipping fit: nothing dropped"
+    );
+    let original = body["messages"][2]["content"].as_str().unwrap();
+    let pruned = messages[2]["content"].as_str().unwrap();
+    assert_eq!(messages[2]["tool_call_id"], "call_1");
+    assert!(
+        pruned.starts_with(&original[..50]) && pruned.ends_with(&original[original.len() - 50..])
+    );
+    let omitted = original.chars().count() - 100;
+    assert!((1_000..1_000_000).contains(&omitted));
+    let marker = format!(
+        "[… {},{:03} chars omitted …]",
+        omitted / 1000,
+        omitted % 1000
+    );
+    assert!(pruned.contains(&marker), "{pruned}");
+    let args: serde_json::Value = serde_json::from_str(
+        messages[1]["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(args["path"], "a.rs");
+    assert!(args["content"]
+        .as_str()
+        .unwrap()
+        .starts_with(&"y".repeat(40)));
+
+    let header = |name| answer.header(name).unwrap().parse::<usize>().unwrap();
+    assert_eq!(
+        header("x-compaction-pruned-chars"),
+        original.chars().count() - pruned.chars().count()
+    );
+    let clipped_args = messages[1]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap();
+    let original_args = body["messages"][1]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        header("x-compaction-clipped-chars"),
+        original_args.chars().count() - clipped_args.chars().count()
+    );
+    assert_eq!(header("x-compaction-deduped-tool-chars"), 0);
+    assert_eq!(header("x-compaction-trimmed-messages"), 0);
+    assert_eq!(header("x-compaction-dropped-messages"), 0);
+}
+
+#[tokio::test]
+async fn below_every_trigger_the_body_goes_as_it_came() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let policy = format!("{AGENT_POLICY}trigger_messages = 5\ntrigger_chars = 100000\n");
+    let proxy = TestProxy::start(&policy, &upstream.url()).await;
+    let body = agent_body().to_string();
+    let answer = send(post_json(&proxy.url("/v1/chat/completions"), body.clone())).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("unchanged"));
+    assert_eq!(answer.header("x-compaction-budget-met"), Some("false"));
+    assert_eq!(upstream.last().body, body.as_bytes());
+
+    // One more message reaches the message trigger.
+    let mut longer = agent_body();
+    longer["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "user", "content": "and again"}));
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        longer.to_string(),
+    ))
+    .await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+}
+
+fn o200k(text: &str) -> usize {
+    tiktoken_rs::o200k_base_singleton()
+        .encode_ordinary(text)
+        .len()
+}
+
+#[tokio::test]
+async fn a_token_budget_is_met_and_reported() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[policies.default]\nbudget_chars = 200000\nbudget_tokens = 300\nkeep_last_n = 1\npin_first_user = false\n",
+        &upstream.url(),
+    )
+    .await;
+    let texts: Vec<String> = (0..12)
+        .map(|k| format!("Message {k}: the payment retry loop needs a bounded budget. ").repeat(8))
+        .collect();
+    let messages: Vec<serde_json::Value> = texts
+        .iter()
+        .map(|t| json!({"role": "user", "content": t}))
+        .collect();
+    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    let input: usize = texts.iter().map(|t| o200k(t)).sum();
+    let header = |name| answer.header(name).unwrap().parse::<usize>().unwrap();
+    assert_eq!(header("x-compaction-input-tokens"), input);
+    let sent = upstream.last().json();
+    let output: usize = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| o200k(m["content"].as_str().unwrap()))
+        .sum();
+    assert_eq!(header("x-compaction-output-tokens"), output);
+    assert!(output <= 300, "{output}");
+    assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
+}
