@@ -158,6 +158,9 @@ pub struct Metrics {
     upstream_responses: IntCounterVec,
     cache_hits: IntCounterVec,
     cache_misses: IntCounterVec,
+    checkpoint_hits: IntCounterVec,
+    checkpoint_misses: IntCounterVec,
+    stable_rebases: IntCounterVec,
     config_reloads: IntCounterVec,
     /// Label-resolved series per (route, policy, tenant): looking a label
     /// set up in a metric vector hashes the values and takes a lock, per
@@ -215,7 +218,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 19] = [
+pub const FAMILIES: [&str; 22] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -234,6 +237,9 @@ pub const FAMILIES: [&str; 19] = [
     "compaction_proxy_upstream_responses_total",
     "compaction_proxy_cache_hits_total",
     "compaction_proxy_cache_misses_total",
+    "compaction_proxy_checkpoint_hits_total",
+    "compaction_proxy_checkpoint_misses_total",
+    "compaction_proxy_stable_rebases_total",
     "compaction_proxy_config_reloads_total",
 ];
 
@@ -380,6 +386,21 @@ impl Metrics {
                 &["policy"],
             ),
             cache_misses: counter("cache_misses_total", "Compactions computed.", &["policy"]),
+            checkpoint_hits: counter(
+                "checkpoint_hits_total",
+                "Stable-mode replays resumed from an earlier turn's checkpoint.",
+                &["policy"],
+            ),
+            checkpoint_misses: counter(
+                "checkpoint_misses_total",
+                "Stable-mode replays run from the first message (no checkpoint found).",
+                &["policy"],
+            ),
+            stable_rebases: counter(
+                "stable_rebases_total",
+                "Stable-mode turns whose new messages caused a re-compaction.",
+                LOSS_LABELS,
+            ),
             config_reloads,
             series: RwLock::new(HashMap::new()),
             registry,
@@ -461,6 +482,9 @@ pub struct RequestEvent {
     pub format: Option<crate::format::Format>,
     /// Stable mode re-compacted on this turn.
     pub rebased: bool,
+    /// Stable mode: whether the replay found a checkpoint (`None`: no
+    /// replay ran).
+    pub checkpoint_hit: Option<bool>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -517,6 +541,7 @@ impl RequestEvent {
             ending: Ending::Complete,
             format: None,
             rebased: false,
+            checkpoint_hit: None,
         }
     }
 
@@ -610,6 +635,20 @@ impl RequestEvent {
                         .with_label_values(&[&self.route, policy])
                 })
                 .observe(seconds);
+        }
+        if let Some(hit) = self.checkpoint_hit {
+            let counter = if hit {
+                &metrics.checkpoint_hits
+            } else {
+                &metrics.checkpoint_misses
+            };
+            counter.with_label_values(&[policy]).inc();
+        }
+        if self.rebased {
+            metrics
+                .stable_rebases
+                .with_label_values(&[&self.route, policy, &self.tenant])
+                .inc();
         }
         if let Some(code) = self.upstream_status {
             metrics
@@ -729,6 +768,12 @@ mod tests {
         m.cache_lookup("p", true);
         event(Status::Compacted, Some(loss(0.4))).emit(&m);
         event(Status::Skipped("invalid-json"), None).emit(&m);
+        for hit in [true, false] {
+            let mut stable = event(Status::Compacted, Some(loss(0.4)));
+            stable.rebased = true;
+            stable.checkpoint_hit = Some(hit);
+            stable.emit(&m);
+        }
         m.cache_lookup("p", false);
         m.config_reload(RELOAD_APPLIED);
         let mut names: Vec<String> = m
@@ -743,10 +788,14 @@ mod tests {
         expected.sort();
         assert_eq!(names, expected);
         let text = m.render();
+        // One plain compacted request and two stable ones.
         assert!(text.contains(
-            "compaction_proxy_requests_total{policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 1"
+            "compaction_proxy_requests_total{policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 3"
         ), "{text}");
-        assert!(text.contains("compaction_proxy_budget_missed_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 1"));
+        assert!(text.contains("compaction_proxy_budget_missed_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 3"));
+        assert!(text.contains("compaction_proxy_stable_rebases_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 2"));
+        assert!(text.contains("compaction_proxy_checkpoint_hits_total{policy=\"p\"} 1"));
+        assert!(text.contains("compaction_proxy_checkpoint_misses_total{policy=\"p\"} 1"));
     }
 
     #[test]

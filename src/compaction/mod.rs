@@ -160,7 +160,7 @@ pub fn compact(
                 stable_messages: prev,
                 rebased: false,
                 recompactions: 0,
-                resumed: false,
+                resumed: None,
             };
             (None, Some(info))
         }

@@ -97,8 +97,9 @@ pub struct StableInfo {
     /// Re-compactions this request's replay ran (0 when resumed warm and
     /// only appended).
     pub recompactions: usize,
-    /// Whether replay resumed from a checkpoint.
-    pub resumed: bool,
+    /// Whether the replay resumed from a checkpoint; `None` when no replay
+    /// ran (the conversation fits its budget).
+    pub resumed: Option<bool>,
 }
 
 /// The outcome of a replay.
@@ -254,7 +255,7 @@ pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkp
             stable_messages,
             rebased,
             recompactions,
-            resumed,
+            resumed: Some(resumed),
         },
     }
 }

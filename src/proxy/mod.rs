@@ -243,6 +243,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     record.loss = loss;
     record.format = Some(resolution.format);
     record.rebased = stable.is_some_and(|s| s.rebased);
+    record.checkpoint_hit = stable.and_then(|s| s.resumed);
     let verdict = Verdict {
         resolution,
         status,

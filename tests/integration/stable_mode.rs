@@ -270,3 +270,46 @@ mod properties {
         }
     }
 }
+
+/// Stable turns through the proxy count their checkpoint hits and misses
+/// and their rebases in `/metrics`.
+#[tokio::test]
+async fn stable_turns_are_counted_in_metrics() {
+    let config = "[policies.default]\nbudget_chars = 8000\nmode = \"stable\"";
+    let (history, ends) = dispatcher_chat(30, 4);
+    let mock = MockUpstream::start(Behavior::Json(200, serde_json::json!({"ok": true}))).await;
+    let proxy = TestProxy::start(config, &mock.url()).await;
+    let mut rebased = 0;
+    for body in requests(&history, &ends) {
+        let answer = send(post_json(
+            &proxy.url("/v1/chat/completions"),
+            Bytes::from(body),
+        ))
+        .await;
+        rebased += usize::from(answer.header("x-compaction-rebased") == Some("true"));
+    }
+    assert!(rebased > 0, "the chat outgrew its budget");
+    let metrics = proxy.state.metrics.render();
+    let value = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
+    assert_eq!(
+        value("compaction_proxy_stable_rebases_total{"),
+        rebased as f64,
+        "{metrics}"
+    );
+    // Every replayed turn after the first found the previous turn's state.
+    assert!(
+        value("compaction_proxy_checkpoint_hits_total{") >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        value("compaction_proxy_checkpoint_misses_total{"),
+        1.0,
+        "{metrics}"
+    );
+}
