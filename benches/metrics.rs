@@ -8,7 +8,8 @@
 
 use std::hint::black_box;
 
-use compaction_proxy::metrics::{LossSummary, Metrics, RequestEvent, Status};
+use compaction_proxy::metrics::{Metrics, RequestEvent};
+use compaction_proxy::outcome::{LossSummary, Status};
 use criterion::{criterion_group, criterion_main, Criterion};
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 

@@ -126,7 +126,7 @@ impl Checkpoints for CheckpointStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::LossSummary;
+    use crate::outcome::LossSummary;
 
     fn outcome() -> Arc<Outcome> {
         Arc::new(Outcome {

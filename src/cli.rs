@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{self, ConfigErrors, LogFormat, Overrides};
 use crate::memory_compact;
-use crate::metrics::Status;
+use crate::outcome::Status;
 use crate::policy::Runtime;
 use crate::proxy::{self, AppState};
 

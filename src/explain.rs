@@ -48,7 +48,7 @@ pub struct RequestReport<'a> {
     pub policy: &'a str,
     /// As `x-compaction-status` would say.
     pub status: String,
-    pub loss: crate::metrics::LossSummary,
+    pub loss: crate::outcome::LossSummary,
     pub messages: Vec<MessageFate>,
 }
 

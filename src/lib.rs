@@ -13,11 +13,10 @@
 //! - [`config`] and [`policy`]: layered configuration and policy resolution.
 //! - [`cache`]: outcomes of repeated bodies and stable mode's checkpoints.
 //! - [`proxy`]: server, forwarding, headers, streaming.
-//! - [`metrics`] and [`admin`]: what operators watch and probe.
+//! - [`metrics`]: what operators watch ([`proxy::admin`] serves it).
 //! - [`error`]: the proxy's own failures as HTTP answers.
 //! - [`cli`]: the commands of the binary.
 
-pub mod admin;
 pub mod cache;
 pub mod cli;
 pub mod compaction;

@@ -1,10 +1,10 @@
-//! What compacting one body produced, as the proxy, the caches and the
-//! `compact` command share it.
+//! What compacting one body produced, as the proxy, the caches, the
+//! metrics and the `compact` command share it: the outcome, its loss
+//! summary and the status the loss report names.
 
 use bytes::Bytes;
 
 use crate::compaction::stable::StableInfo;
-pub use crate::metrics::{LossSummary, Status};
 
 /// The outcome of one body under one policy.
 #[derive(Debug)]
@@ -14,4 +14,126 @@ pub struct Outcome {
     pub rewritten: Option<Bytes>,
     /// Stable mode's prefix report.
     pub stable: Option<StableInfo>,
+}
+
+/// What the proxy did with a request's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Compacted,
+    /// Forwarded as received: it fit the budget, or nothing could be removed.
+    Unchanged,
+    Skipped(&'static str),
+    Bypassed,
+    DryRun,
+}
+
+impl Status {
+    /// The metric label (no skip reason, to keep it bounded).
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Compacted => "compacted",
+            Status::Unchanged => "unchanged",
+            Status::Skipped(_) => "skipped",
+            Status::Bypassed => "bypassed",
+            Status::DryRun => "dry-run",
+        }
+    }
+
+    /// The `x-compaction-status` header value.
+    pub fn header(self) -> String {
+        self.to_string()
+    }
+
+    /// Position in a per-status array of series.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Status::Compacted => 0,
+            Status::Unchanged => 1,
+            Status::Skipped(_) => 2,
+            Status::Bypassed => 3,
+            Status::DryRun => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Status::Skipped(reason) => write!(f, "skipped; {reason}"),
+            other => f.write_str(other.label()),
+        }
+    }
+}
+
+/// The loss figures reported in headers and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct LossSummary {
+    pub input_chars: usize,
+    pub output_chars: usize,
+    pub input_messages: usize,
+    pub output_messages: usize,
+    /// Messages removed (dedupe and drop), as the report's `loss` counts.
+    pub dropped_messages: usize,
+    /// Of `dropped_messages`, those the dedupe stage removed.
+    pub deduped_messages: usize,
+    pub trimmed_messages: usize,
+    pub retained_ratio: f64,
+    pub budget_met: bool,
+    /// Chars the agent passes removed from messages that survive: pruned
+    /// tool results, clipped tool-call arguments, repeated tool results.
+    pub pruned_chars: usize,
+    pub clipped_chars: usize,
+    pub deduped_tool_chars: usize,
+    /// Tokens in and out, when the policy has a token budget.
+    pub input_tokens: Option<usize>,
+    pub output_tokens: Option<usize>,
+}
+
+impl LossSummary {
+    /// A conversation forwarded as it came: nothing lost, budget met.
+    pub fn unchanged(chars: usize, messages: usize) -> Self {
+        LossSummary {
+            input_chars: chars,
+            output_chars: chars,
+            input_messages: messages,
+            output_messages: messages,
+            dropped_messages: 0,
+            deduped_messages: 0,
+            trimmed_messages: 0,
+            retained_ratio: 1.0,
+            budget_met: true,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
+            input_tokens: None,
+            output_tokens: None,
+        }
+    }
+
+    /// A conversation forwarded as it came, measured against `budget`.
+    pub fn unchanged_within(chars: usize, messages: usize, budget: usize) -> Self {
+        LossSummary {
+            budget_met: chars <= budget,
+            ..Self::unchanged(chars, messages)
+        }
+    }
+
+    pub fn from_report(report: &crate::engine::Report) -> Self {
+        LossSummary {
+            input_chars: report.loss.input_chars,
+            output_chars: report.loss.output_chars,
+            input_messages: report.loss.input_messages,
+            output_messages: report.loss.output_messages,
+            dropped_messages: report.loss.dropped_messages,
+            deduped_messages: report.stages.dedupe.removed_messages,
+            trimmed_messages: report.loss.trimmed_messages,
+            retained_ratio: report.loss.retained_char_ratio,
+            budget_met: report.budget.budget_met,
+            pruned_chars: 0,
+            clipped_chars: 0,
+            deduped_tool_chars: 0,
+            input_tokens: None,
+            output_tokens: None,
+        }
+    }
 }

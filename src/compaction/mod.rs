@@ -25,7 +25,7 @@ pub mod tokens;
 
 use crate::engine::{self, Kept, Message, Report};
 use crate::format::{Conversation, Format, Parsed, Plan, Planned};
-use crate::metrics::LossSummary;
+use crate::outcome::LossSummary;
 use crate::policy::CompiledPolicy;
 
 /// Which items `policy` protects from every pass: the engine's pins and

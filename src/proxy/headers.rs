@@ -4,7 +4,7 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::compaction::stable::StableInfo;
-use crate::metrics::{LossSummary, Status};
+use crate::outcome::{LossSummary, Status};
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) plus the legacy ones proxies see.
 pub const HOP_BY_HOP: [HeaderName; 9] = [

@@ -4,8 +4,9 @@
 //!    most `max_connections` at once, header, keep-alive and body
 //!    timeouts; `CONNECT`, targets that are not paths and transfer codings
 //!    other than chunked are refused ([`server::check_request`]).
-//! 2. **admin** ([`crate::admin`]): `/healthz`, `/readyz`, `/metrics` and
-//!    `/v1/memory-compact` are answered here, never forwarded.
+//! 2. **admin** ([`admin`], given only [`state::AppState::admin_handles`]):
+//!    `/healthz`, `/readyz`, `/metrics`, `/v1/memory-compact` and live
+//!    reports are answered here, never forwarded.
 //! 3. **route + policy** ([`crate::policy::Runtime::resolve`]): the first
 //!    matching route's policy and body format, the policy overridden by a
 //!    configured tenant's. Unmatched requests are forwarded untouched, body
@@ -31,14 +32,15 @@
 //! 8. **record** ([`crate::metrics::RequestEvent`]): when the response body
 //!    ends, one event updates the metrics and writes the log line.
 
+pub mod admin;
 pub mod body;
 pub mod compact;
 pub mod headers;
 pub mod server;
+pub mod state;
 pub mod upstream;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -46,109 +48,15 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
-use crate::cache::{CheckpointStore, CompactionCache};
 use crate::compaction::stable::StableInfo;
 use crate::error::ProxyError;
 use crate::format::Format;
-use crate::metrics::{Ending, LossSummary, Metrics, RequestEvent, Status};
+use crate::metrics::{Ending, RequestEvent};
+use crate::outcome::{LossSummary, Status};
 use crate::policy::{Resolution, Runtime};
 use body::{BodyEnd, Collected, ProxyBody};
-use upstream::Upstream;
-
-/// State shared by all requests. The runtime (config and policies) is
-/// swapped whole on reload; each request holds the one it started with.
-pub struct AppState {
-    runtime: RwLock<Arc<Runtime>>,
-    pub metrics: Metrics,
-    pub cache: CompactionCache,
-    /// Live per-message reports asked for with `x-compaction-report`.
-    pub reports: crate::explain::ReportStore,
-    /// Stable mode's replay checkpoints.
-    pub checkpoints: CheckpointStore,
-    upstream: Upstream,
-    /// One permit per core: compactions beyond that queue (see [`compact`]);
-    /// `/v1/memory-compact` takes the same permits.
-    pub(crate) compactions: Arc<tokio::sync::Semaphore>,
-    /// Request bytes held in memory across all requests.
-    pub buffers: Arc<body::BufferBudget>,
-    shutting_down: AtomicBool,
-    /// Upgraded connections (WebSocket) still open: hyper's graceful
-    /// shutdown no longer sees them, so the drain waits for them here.
-    open_tunnels: AtomicUsize,
-    tunnel_closed: tokio::sync::Notify,
-}
-
-impl AppState {
-    pub fn new(runtime: Runtime) -> Arc<Self> {
-        let connect = Duration::from_secs_f64(runtime.config.upstream.connect_timeout_secs);
-        let upstream = Upstream::new(connect, &runtime.upstream_roots);
-        Arc::new(AppState {
-            cache: CompactionCache::new(runtime.config.cache.max_bytes),
-            checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
-            runtime: RwLock::new(Arc::new(runtime)),
-            metrics: Metrics::new(),
-            reports: crate::explain::ReportStore::default(),
-            upstream,
-            compactions: Arc::new(tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-            )),
-            buffers: body::BufferBudget::new(),
-            shutting_down: AtomicBool::new(false),
-            open_tunnels: AtomicUsize::new(0),
-            tunnel_closed: tokio::sync::Notify::new(),
-        })
-    }
-
-    pub fn runtime(&self) -> Arc<Runtime> {
-        self.runtime
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Puts a new configuration in force for the requests that start after.
-    pub fn reload(&self, runtime: Runtime) {
-        *self.runtime.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime);
-        self.cache.clear();
-        self.checkpoints.clear();
-    }
-
-    pub fn is_ready(&self) -> bool {
-        !self.shutting_down.load(Ordering::Relaxed)
-    }
-
-    pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::Relaxed);
-    }
-
-    /// Resolves once no upgraded connection is open.
-    pub async fn tunnels_closed(&self) {
-        loop {
-            let closed = self.tunnel_closed.notified();
-            if self.open_tunnels.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            closed.await;
-        }
-    }
-}
-
-/// Counts one open tunnel for as long as it lives.
-struct TunnelGuard(Arc<AppState>);
-
-impl TunnelGuard {
-    fn open(state: &Arc<AppState>) -> Self {
-        state.open_tunnels.fetch_add(1, Ordering::AcqRel);
-        TunnelGuard(state.clone())
-    }
-}
-
-impl Drop for TunnelGuard {
-    fn drop(&mut self) {
-        self.0.open_tunnels.fetch_sub(1, Ordering::AcqRel);
-        self.0.tunnel_closed.notify_waiters();
-    }
-}
+pub use state::AppState;
+use state::TunnelGuard;
 
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
@@ -157,7 +65,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         let (parts, body) = refused.to_response().into_parts();
         return Response::from_parts(parts, body::full(body));
     }
-    let request = match crate::admin::handle(&state, request).await {
+    let request = match admin::handle(state.admin_handles(), request).await {
         Ok(answered) => return answered,
         Err(request) => request,
     };

@@ -7,7 +7,7 @@ use compaction_proxy::compaction::agent::AgentPolicy;
 use compaction_proxy::compaction::{self, stable::NoCheckpoints};
 use compaction_proxy::config::{self, Overrides};
 use compaction_proxy::format::Format;
-use compaction_proxy::metrics::LossSummary;
+use compaction_proxy::outcome::LossSummary;
 use compaction_proxy::policy::CompiledPolicy;
 use serde_json::Value;
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use bytes::Bytes;
 use compaction_proxy::format::chat::ChatBody;
-use compaction_proxy::metrics::LossSummary;
+use compaction_proxy::outcome::LossSummary;
 use http::Request;
 use http_body_util::Full;
 use serde_json::{json, Value};

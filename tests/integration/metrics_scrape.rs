@@ -27,8 +27,15 @@ budget_tokens = 50              # exercises the token families
 keep_last_n = 1
 pin_first_user = false
 
+[policies.steady]
+budget_chars = 400
+keep_last_n = 1
+pin_first_user = false
+mode = "stable"                 # exercises the checkpoint and rebase families
+
 [tenants.policies]
 acme = "small"
+steady = "steady"
 "#;
 
 // ---------------------------------------------------------------------------
@@ -695,6 +702,15 @@ async fn exercise_every_family() -> (TestProxy, MockUpstream) {
     send(request(&url, None, big_chat())).await;
     send(request(&url, None, big_chat())).await;
     send(request(&url, Some("acme"), big_chat())).await;
+    // Two turns of one conversation in stable mode: a checkpoint miss, then
+    // a hit whose new messages re-compact.
+    let mut chat: serde_json::Value = serde_json::from_str(&big_chat()).unwrap();
+    send(request(&url, Some("steady"), chat.to_string())).await;
+    let messages = chat["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": words("echo", 30)}));
+    messages.push(json!({"role": "user", "content": words("foxtrot", 30)}));
+    let answer = send(request(&url, Some("steady"), chat.to_string())).await;
+    assert_eq!(answer.header("x-compaction-rebased"), Some("true"));
     send(request(&url, None, "not json")).await;
     upstream.set_behavior(Behavior::Json(429, json!({"error": "slow down"})));
     send(request(&url, None, big_chat())).await;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use compaction_proxy::format::chat::ChatBody;
-use compaction_proxy::metrics::LossSummary;
+use compaction_proxy::outcome::LossSummary;
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_compaction-proxy");

@@ -7,10 +7,24 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use super::body::{self, BufferBudget, CollectLimits, ProxyBody};
 use crate::error::ProxyError;
+use crate::explain::ReportStore;
 use crate::memory_compact;
-use crate::proxy::body::{self, ProxyBody};
-use crate::proxy::AppState;
+use crate::metrics::Metrics;
+
+/// What the admin endpoints use of the shared state, and nothing more.
+pub struct Handles<'a> {
+    /// False once shutdown began: `/readyz` answers 503.
+    pub ready: bool,
+    pub metrics: &'a Metrics,
+    pub reports: &'a ReportStore,
+    /// The compaction permits `/v1/memory-compact` shares with the proxy.
+    pub compactions: &'a Arc<tokio::sync::Semaphore>,
+    pub buffers: &'a Arc<BufferBudget>,
+    /// Body limits of the configuration in force.
+    pub limits: CollectLimits,
+}
 
 pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
@@ -21,12 +35,12 @@ pub const REPORTS: &str = "/v1/compaction-reports/";
 
 /// Answers admin paths; hands every other request back, to be proxied.
 pub async fn handle(
-    state: &Arc<AppState>,
+    state: Handles<'_>,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Request<Incoming>> {
     Ok(match request.uri().path() {
         HEALTHZ => text(StatusCode::OK, "ok\n"),
-        READYZ if state.is_ready() => text(StatusCode::OK, "ready\n"),
+        READYZ if state.ready => text(StatusCode::OK, "ready\n"),
         READYZ => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
         METRICS => {
             let mut r = text(StatusCode::OK, state.metrics.render());
@@ -36,7 +50,7 @@ pub async fn handle(
             );
             r
         }
-        MEMORY_COMPACT => memory_compact(state, request).await,
+        MEMORY_COMPACT => memory_compact(&state, request).await,
         path if path.starts_with(REPORTS) => {
             let found = match request.method() {
                 &Method::GET => state
@@ -65,7 +79,7 @@ pub async fn handle(
 }
 
 /// `POST /v1/memory-compact`: validates, compacts, answers the report.
-async fn memory_compact(state: &Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
+async fn memory_compact(state: &Handles<'_>, request: Request<Incoming>) -> Response<ProxyBody> {
     match compact_report(state, request).await {
         Ok(report) => {
             let mut r = Response::new(body::full(report));
@@ -86,7 +100,7 @@ async fn memory_compact(state: &Arc<AppState>, request: Request<Incoming>) -> Re
 }
 
 async fn compact_report(
-    state: &Arc<AppState>,
+    state: &Handles<'_>,
     request: Request<Incoming>,
 ) -> Result<Bytes, ProxyError> {
     if request.method() != Method::POST {
@@ -103,10 +117,10 @@ async fn compact_report(
     }
     // No valid request is larger than the schema allows: a bigger body is
     // refused on its Content-Length, or as soon as it passes the bound.
-    let mut limits = body::limits(&state.runtime().config.server);
+    let mut limits = state.limits;
     limits.max_bytes = limits.max_bytes.min(memory_compact::MAX_BODY_BYTES);
     let (parts, request_body) = request.into_parts();
-    let collected = body::collect_request(&parts, request_body, limits, &state.buffers).await?;
+    let collected = body::collect_request(&parts, request_body, limits, state.buffers).await?;
     // Parsing and the engine cost CPU in proportion to the body: off the
     // async workers, under the proxy path's one-compaction-per-core bound.
     let permit = state

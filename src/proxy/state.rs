@@ -1,0 +1,121 @@
+//! The state all requests share: the configuration in force (swapped whole
+//! on reload), the upstream client, caches, metrics and the bounds on
+//! concurrent work. The admin endpoints get only the handles they use
+//! ([`AppState::admin_handles`]).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::upstream::Upstream;
+use super::{admin, body};
+use crate::cache::{CheckpointStore, CompactionCache};
+use crate::metrics::Metrics;
+use crate::policy::Runtime;
+
+/// State shared by all requests. The runtime (config and policies) is
+/// swapped whole on reload; each request holds the one it started with.
+pub struct AppState {
+    runtime: RwLock<Arc<Runtime>>,
+    pub metrics: Metrics,
+    pub cache: CompactionCache,
+    /// Live per-message reports asked for with `x-compaction-report`.
+    pub reports: crate::explain::ReportStore,
+    /// Stable mode's replay checkpoints.
+    pub checkpoints: CheckpointStore,
+    pub(super) upstream: Upstream,
+    /// One permit per core: compactions beyond that queue (see [`super::compact`]);
+    /// `/v1/memory-compact` takes the same permits.
+    pub(crate) compactions: Arc<tokio::sync::Semaphore>,
+    /// Request bytes held in memory across all requests.
+    pub buffers: Arc<body::BufferBudget>,
+    shutting_down: AtomicBool,
+    /// Upgraded connections (WebSocket) still open: hyper's graceful
+    /// shutdown no longer sees them, so the drain waits for them here.
+    open_tunnels: AtomicUsize,
+    tunnel_closed: tokio::sync::Notify,
+}
+
+impl AppState {
+    pub fn new(runtime: Runtime) -> Arc<Self> {
+        let connect = Duration::from_secs_f64(runtime.config.upstream.connect_timeout_secs);
+        let upstream = Upstream::new(connect, &runtime.upstream_roots);
+        Arc::new(AppState {
+            cache: CompactionCache::new(runtime.config.cache.max_bytes),
+            checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
+            runtime: RwLock::new(Arc::new(runtime)),
+            metrics: Metrics::new(),
+            reports: crate::explain::ReportStore::default(),
+            upstream,
+            compactions: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
+            buffers: body::BufferBudget::new(),
+            shutting_down: AtomicBool::new(false),
+            open_tunnels: AtomicUsize::new(0),
+            tunnel_closed: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub fn runtime(&self) -> Arc<Runtime> {
+        self.runtime
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts a new configuration in force for the requests that start after.
+    pub fn reload(&self, runtime: Runtime) {
+        *self.runtime.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime);
+        self.cache.clear();
+        self.checkpoints.clear();
+    }
+
+    pub fn is_ready(&self) -> bool {
+        !self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// What the admin endpoints use, and nothing else.
+    pub fn admin_handles(&self) -> admin::Handles<'_> {
+        admin::Handles {
+            ready: self.is_ready(),
+            metrics: &self.metrics,
+            reports: &self.reports,
+            compactions: &self.compactions,
+            buffers: &self.buffers,
+            limits: body::limits(&self.runtime().config.server),
+        }
+    }
+
+    /// Resolves once no upgraded connection is open.
+    pub async fn tunnels_closed(&self) {
+        loop {
+            let closed = self.tunnel_closed.notified();
+            if self.open_tunnels.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
+/// Counts one open tunnel for as long as it lives.
+pub(super) struct TunnelGuard(Arc<AppState>);
+
+impl TunnelGuard {
+    pub(super) fn open(state: &Arc<AppState>) -> Self {
+        state.open_tunnels.fetch_add(1, Ordering::AcqRel);
+        TunnelGuard(state.clone())
+    }
+}
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        self.0.open_tunnels.fetch_sub(1, Ordering::AcqRel);
+        self.0.tunnel_closed.notify_waiters();
+    }
+}
