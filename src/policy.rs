@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Uri};
 use regex::RegexSet;
@@ -22,6 +23,20 @@ use crate::format::Format;
 
 /// Label used for tenants that are not configured (bounded metric labels).
 pub const OTHER_TENANT: &str = "other";
+
+/// Every configured duration, typed once when the configuration is
+/// compiled (the TOML keys are seconds, `*_secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub shutdown_delay: Duration,
+    pub shutdown_grace: Duration,
+    pub connect: Duration,
+    pub response_header: Duration,
+    pub upstream_idle: Duration,
+    pub header_read: Duration,
+    pub body_idle: Duration,
+    pub keep_alive: Duration,
+}
 
 /// A policy ready to apply.
 #[derive(Debug, Clone)]
@@ -178,6 +193,7 @@ pub struct Runtime {
     pub upstream: Uri,
     /// Extra CA certificates for the upstream (`upstream.ca_file`).
     pub upstream_roots: Vec<CertificateDer<'static>>,
+    pub timeouts: Timeouts,
     routes: Vec<Route>,
     tenant_header: HeaderName,
     tenants: HashMap<String, Arc<CompiledPolicy>>,
@@ -256,53 +272,64 @@ impl Runtime {
                     .into(),
             );
         }
-        for (key, value) in [
-            (
+        // Every duration typed once, here; a value that is negative, not
+        // finite, or too large for a Duration is a problem, never a panic.
+        let mut seconds = |key: &str, value: f64, zero_allowed: bool| {
+            let ok = value.is_finite() && (value > 0.0 || (zero_allowed && value == 0.0));
+            match Duration::try_from_secs_f64(value) {
+                Ok(d) if ok => d,
+                _ => {
+                    problem(
+                        key.into(),
+                        if zero_allowed {
+                            "must be a non-negative number of seconds".into()
+                        } else {
+                            "must be a positive number of seconds".into()
+                        },
+                    );
+                    Duration::ZERO
+                }
+            }
+        };
+        let (server, up) = (&config.server, &config.upstream);
+        let timeouts = Timeouts {
+            shutdown_delay: seconds(
                 "server.shutdown_delay_secs",
-                config.server.shutdown_delay_secs,
+                server.shutdown_delay_secs,
+                true,
             ),
-            (
+            shutdown_grace: seconds(
                 "server.shutdown_grace_secs",
-                config.server.shutdown_grace_secs,
+                server.shutdown_grace_secs,
+                true,
             ),
-        ] {
-            if !(value >= 0.0 && value.is_finite()) {
-                problem(
-                    key.into(),
-                    "must be a non-negative number of seconds".into(),
-                );
-            }
-        }
-        for (key, value) in [
-            (
+            connect: seconds(
                 "upstream.connect_timeout_secs",
-                config.upstream.connect_timeout_secs,
+                up.connect_timeout_secs,
+                false,
             ),
-            (
+            response_header: seconds(
                 "upstream.response_header_timeout_secs",
-                config.upstream.response_header_timeout_secs,
+                up.response_header_timeout_secs,
+                false,
             ),
-            (
-                "upstream.idle_timeout_secs",
-                config.upstream.idle_timeout_secs,
-            ),
-            (
+            upstream_idle: seconds("upstream.idle_timeout_secs", up.idle_timeout_secs, false),
+            header_read: seconds(
                 "server.header_read_timeout_secs",
-                config.server.header_read_timeout_secs,
+                server.header_read_timeout_secs,
+                false,
             ),
-            (
+            body_idle: seconds(
                 "server.body_idle_timeout_secs",
-                config.server.body_idle_timeout_secs,
+                server.body_idle_timeout_secs,
+                false,
             ),
-            (
+            keep_alive: seconds(
                 "server.keep_alive_timeout_secs",
-                config.server.keep_alive_timeout_secs,
+                server.keep_alive_timeout_secs,
+                false,
             ),
-        ] {
-            if !(value > 0.0 && value.is_finite()) {
-                problem(key.into(), "must be a positive number of seconds".into());
-            }
-        }
+        };
         let upstream =
             parse_upstream(&config.upstream.url).map_err(|m| problem("upstream.url".into(), m));
         let upstream_roots = match &config.upstream.ca_file {
@@ -378,6 +405,7 @@ impl Runtime {
                 listen,
                 upstream,
                 upstream_roots,
+                timeouts,
                 routes,
                 tenant_header,
                 tenants,
@@ -821,5 +849,31 @@ mod tests {
             ],
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_typed_once_and_absurd_ones_are_problems_not_panics() {
+        let rt = Runtime::load_text(
+            Some("[upstream]\nconnect_timeout_secs = 2.5"),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(rt.timeouts.connect, Duration::from_millis(2500));
+        assert_eq!(rt.timeouts.shutdown_delay, Duration::ZERO);
+        let err = Runtime::load_text(
+            Some("[upstream]\nidle_timeout_secs = 1e300\n[server]\nshutdown_grace_secs = -1"),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert!(paths.contains(&"upstream.idle_timeout_secs"), "{paths:?}");
+        assert!(paths.contains(&"server.shutdown_grace_secs"), "{paths:?}");
     }
 }

@@ -215,11 +215,12 @@ where
     })
 }
 
-/// The collection bounds in force under `server`.
-pub fn limits(server: &crate::config::ServerConfig) -> CollectLimits {
+/// The collection bounds in force under `runtime`.
+pub fn limits(runtime: &crate::policy::Runtime) -> CollectLimits {
+    let server = &runtime.config.server;
     CollectLimits {
         max_bytes: server.max_body_bytes,
-        idle: Duration::from_secs_f64(server.body_idle_timeout_secs),
+        idle: runtime.timeouts.body_idle,
         max_buffered: server.max_buffered_bytes,
     }
 }

@@ -41,7 +41,7 @@ pub mod state;
 pub mod upstream;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -113,13 +113,8 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         .await;
     }
 
-    let received = body::collect_request(
-        &parts,
-        body,
-        body::limits(&runtime.config.server),
-        &state.buffers,
-    )
-    .await;
+    let received =
+        body::collect_request(&parts, body, body::limits(&runtime), &state.buffers).await;
     let Collected { bytes: raw, hold } = match received {
         Ok(collected) => collected,
         Err(e) => return refuse(e, Some(&resolution), record),
@@ -318,10 +313,9 @@ async fn forward(
     let upgrade = headers::strip_hop_by_hop_keeping_upgrade(&mut parts.headers);
     parts.headers.remove(header::HOST);
 
-    let header_timeout =
-        Duration::from_secs_f64(runtime.config.upstream.response_header_timeout_secs);
-    let idle = Duration::from_secs_f64(runtime.config.upstream.idle_timeout_secs);
-    let body_idle = Duration::from_secs_f64(runtime.config.server.body_idle_timeout_secs);
+    let header_timeout = runtime.timeouts.response_header;
+    let idle = runtime.timeouts.upstream_idle;
+    let body_idle = runtime.timeouts.body_idle;
     let sent = Instant::now();
     let mut response = match state
         .upstream

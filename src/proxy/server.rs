@@ -90,11 +90,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let limits = {
-        let server = &state.runtime().config.server;
+        let runtime = state.runtime();
         ConnectionLimits {
-            header_read: Duration::from_secs_f64(server.header_read_timeout_secs),
-            keep_alive: Duration::from_secs_f64(server.keep_alive_timeout_secs),
-            max_connections: server.max_connections,
+            header_read: runtime.timeouts.header_read,
+            keep_alive: runtime.timeouts.keep_alive,
+            max_connections: runtime.config.server.max_connections,
         }
     };
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -173,7 +173,7 @@ pub async fn serve(
             },
             () = &mut shutdown, if stop_accepting.is_none() => {
                 state.begin_shutdown();
-                let delay = Duration::from_secs_f64(state.runtime().config.server.shutdown_delay_secs);
+                let delay = state.runtime().timeouts.shutdown_delay;
                 tracing::info!(delay_secs = delay.as_secs_f64(), "shutting down: readiness off, still accepting");
                 stop_accepting = Some(Box::pin(tokio::time::sleep(delay)));
             }
@@ -181,7 +181,7 @@ pub async fn serve(
         }
     }
     drop(listener);
-    let grace = Duration::from_secs_f64(state.runtime().config.server.shutdown_grace_secs);
+    let grace = state.runtime().timeouts.shutdown_grace;
     tracing::info!(
         grace_secs = grace.as_secs_f64(),
         "listener closed: draining in-flight requests"

@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use super::upstream::Upstream;
 use super::{admin, body};
@@ -38,8 +37,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(runtime: Runtime) -> Arc<Self> {
-        let connect = Duration::from_secs_f64(runtime.config.upstream.connect_timeout_secs);
-        let upstream = Upstream::new(connect, &runtime.upstream_roots);
+        let upstream = Upstream::new(runtime.timeouts.connect, &runtime.upstream_roots);
         Arc::new(AppState {
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
@@ -87,7 +85,7 @@ impl AppState {
             reports: &self.reports,
             compactions: &self.compactions,
             buffers: &self.buffers,
-            limits: body::limits(&self.runtime().config.server),
+            limits: body::limits(&self.runtime()),
         }
     }
 
