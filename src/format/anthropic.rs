@@ -27,7 +27,9 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{elements, span, ArgumentsForm, ElementRef, Marker, TextSpan, WireItem};
+use super::splice::{
+    elements, span, string_at, ArgumentsForm, ElementRef, Marker, TextSpan, WireItem,
+};
 use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -72,17 +74,6 @@ struct BlockFields<'a> {
     data: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     cache_control: Option<&'a RawValue>,
-}
-
-fn string_at<'a>(
-    body: &'a str,
-    raw: &'a RawValue,
-) -> Option<(std::ops::Range<usize>, Cow<'a, str>)> {
-    let text = raw.get();
-    if !text.starts_with('"') {
-        return None;
-    }
-    Some((span(body, text), serde_json::from_str(text).ok()?))
 }
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {

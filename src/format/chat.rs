@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{elements, span, ArgumentsForm, ElementRef, TextSpan, WireItem};
+use super::splice::{elements, span, string_at, ArgumentsForm, ElementRef, TextSpan, WireItem};
 use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -81,18 +81,6 @@ struct PartFields<'a> {
     text: Option<&'a RawValue>,
     #[serde(borrow, default)]
     refusal: Option<Cow<'a, str>>,
-}
-
-/// A decoded JSON string and its span in `body`; `None` when `raw` is not a string.
-fn string_at<'a>(
-    body: &'a str,
-    raw: &'a RawValue,
-) -> Option<(std::ops::Range<usize>, Cow<'a, str>)> {
-    let text = raw.get();
-    if !text.starts_with('"') {
-        return None;
-    }
-    Some((span(body, text), serde_json::from_str(text).ok()?))
 }
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {

@@ -23,6 +23,19 @@ pub(crate) fn elements(array: &str) -> Option<Vec<&RawValue>> {
     serde_json::from_str(array).ok()
 }
 
+/// A JSON string's span in `body` and its decoded text; `None` when `raw`
+/// is not a string.
+pub(crate) fn string_at<'a>(
+    body: &'a str,
+    raw: &'a RawValue,
+) -> Option<(Range<usize>, Cow<'a, str>)> {
+    let text = raw.get();
+    if !text.starts_with('"') {
+        return None;
+    }
+    Some((span(body, text), serde_json::from_str(text).ok()?))
+}
+
 /// A JSON string literal of `text`.
 pub(crate) fn json_string(text: &str) -> String {
     serde_json::to_string(text).expect("strings always encode")
