@@ -82,15 +82,24 @@ pub(super) async fn decide(
     let format = resolution.format;
     let computed = if decide_inline(&raw, coding, &resolution.policy) {
         let started = Instant::now();
-        let result = compute(
-            state,
-            &resolution.policy,
-            format,
-            &raw,
-            coding,
-            limits,
-            goal,
-        );
+        // As on the blocking pool, a bug must not fail the request: a panic
+        // here forwards the body as it came instead of dropping the
+        // connection.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            compute(
+                state,
+                &resolution.policy,
+                format,
+                &raw,
+                coding,
+                limits,
+                goal,
+            )
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!("compaction panicked; forwarding the original");
+            Err(Decline::Skip("internal-error"))
+        });
         Ok((result, started.elapsed().as_secs_f64()))
     } else {
         let permit = state
