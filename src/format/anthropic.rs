@@ -27,9 +27,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{
-    elements, span, string_at, ArgumentsForm, ElementRef, Marker, TextSpan, WireItem,
-};
+use super::splice::{elements, span, ArgumentsForm, Marker, WireItem};
 use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -123,32 +121,20 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
         let content = fields.content.get();
         match content.as_bytes().first() {
             Some(b'"') => {
-                let (s, text) = string_at(body, fields.content)
+                w.push_text(body, fields.content, None)
                     .ok_or(Skip::UnsupportedMessage(i, "bad string"))?;
-                w.texts.push(TextSpan {
-                    span: s,
-                    text,
-                    element: None,
-                });
                 others += 1;
             }
             Some(b'[') => {
-                let blocks = elements(content).ok_or(Skip::UnsupportedMessage(
-                    i,
-                    "content is not a string or array",
-                ))?;
-                let array = 0;
-                w.arrays.push(Vec::with_capacity(blocks.len()));
-                for (index, block) in blocks.into_iter().enumerate() {
-                    let element = ElementRef { array, index };
-                    let raw = block.get();
-                    w.arrays[array].push(span(body, raw));
-                    if !raw.starts_with('{') {
-                        return Err(Skip::UnsupportedMessage(
-                            i,
-                            "a content block is not an object",
-                        ));
-                    }
+                let blocks = w
+                    .open_array(
+                        body,
+                        content,
+                        "content is not a string or array",
+                        "a content block is not an object",
+                    )
+                    .map_err(|why| Skip::UnsupportedMessage(i, why))?;
+                for (element, raw) in blocks {
                     let b: BlockFields = serde_json::from_str(raw).map_err(|_| {
                         Skip::UnsupportedMessage(i, "a content block has no string type")
                     })?;
@@ -160,15 +146,9 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
                     }
                     match b.kind.as_ref() {
                         "text" => {
-                            let (s, text) = b
-                                .text
-                                .and_then(|t| string_at(body, t))
+                            b.text
+                                .and_then(|t| w.push_text(body, t, Some(element)))
                                 .ok_or(Skip::UnsupportedMessage(i, "a text block without text"))?;
-                            w.texts.push(TextSpan {
-                                span: s,
-                                text,
-                                element: Some(element),
-                            });
                             others += 1;
                         }
                         "tool_use" => {
@@ -252,26 +232,15 @@ fn read_result_content<'a>(
 ) -> Result<(), &'static str> {
     let raw = content.get();
     match raw.as_bytes().first() {
-        Some(b'"') => {
-            let (s, text) = string_at(body, content).ok_or("bad string")?;
-            w.texts.push(TextSpan {
-                span: s,
-                text,
-                element: None,
-            });
-            Ok(())
-        }
+        Some(b'"') => w.push_text(body, content, None).ok_or("bad string"),
         Some(b'[') => {
-            let blocks = elements(raw).ok_or("tool_result content is not a string or array")?;
-            let array = w.arrays.len();
-            w.arrays.push(Vec::with_capacity(blocks.len()));
-            for (index, block) in blocks.into_iter().enumerate() {
-                let element = ElementRef { array, index };
-                let raw = block.get();
-                w.arrays[array].push(span(body, raw));
-                if !raw.starts_with('{') {
-                    return Err("a tool_result block is not an object");
-                }
+            let blocks = w.open_array(
+                body,
+                raw,
+                "tool_result content is not a string or array",
+                "a tool_result block is not an object",
+            )?;
+            for (element, raw) in blocks {
                 let b: BlockFields =
                     serde_json::from_str(raw).map_err(|_| "a tool_result block has no type")?;
                 if let Some(marker) = b.cache_control {
@@ -281,17 +250,10 @@ fn read_result_content<'a>(
                     });
                 }
                 match b.kind.as_ref() {
-                    "text" => {
-                        let (s, text) = b
-                            .text
-                            .and_then(|t| string_at(body, t))
-                            .ok_or("a text block without text")?;
-                        w.texts.push(TextSpan {
-                            span: s,
-                            text,
-                            element: Some(element),
-                        });
-                    }
+                    "text" => b
+                        .text
+                        .and_then(|t| w.push_text(body, t, Some(element)))
+                        .ok_or("a text block without text")?,
                     kind if MEDIA_BLOCKS.contains(&kind) => {}
                     _ => return Err("unknown tool_result block type"),
                 }

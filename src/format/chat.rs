@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{elements, span, string_at, ArgumentsForm, ElementRef, TextSpan, WireItem};
+use super::splice::{elements, span, string_at, ArgumentsForm, WireItem};
 use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -196,39 +196,18 @@ fn read_content<'a>(
     let raw = content.get();
     match raw.as_bytes().first() {
         Some(b'n') => Ok(()),
-        Some(b'"') => {
-            let (s, text) = string_at(body, content).ok_or(NOT_CONTENT)?;
-            w.texts.push(TextSpan {
-                span: s,
-                text,
-                element: None,
-            });
-            Ok(())
-        }
+        Some(b'"') => w.push_text(body, content, None).ok_or(NOT_CONTENT),
         Some(b'[') => {
-            let parts = elements(raw).ok_or(NOT_CONTENT)?;
-            let array = w.arrays.len();
-            w.arrays.push(Vec::with_capacity(parts.len()));
-            for (index, part) in parts.into_iter().enumerate() {
-                let raw = part.get();
-                w.arrays[array].push(span(body, raw));
-                if !raw.starts_with('{') {
-                    return Err("a content part is not an object");
-                }
+            for (element, raw) in
+                w.open_array(body, raw, NOT_CONTENT, "a content part is not an object")?
+            {
                 let fields: PartFields =
                     serde_json::from_str(raw).map_err(|_| "a content part has no string type")?;
                 match fields.kind.as_ref() {
-                    "text" => {
-                        let (s, text) = fields
-                            .text
-                            .and_then(|t| string_at(body, t))
-                            .ok_or("a text part without string text")?;
-                        w.texts.push(TextSpan {
-                            span: s,
-                            text,
-                            element: Some(ElementRef { array, index }),
-                        });
-                    }
+                    "text" => fields
+                        .text
+                        .and_then(|t| w.push_text(body, t, Some(element)))
+                        .ok_or("a text part without string text")?,
                     "refusal" => {
                         item.fixed_chars += fields.refusal.as_deref().map_or(0, char_count);
                     }

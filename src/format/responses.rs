@@ -23,7 +23,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{elements, span, string_at, ArgumentsForm, ElementRef, TextSpan, WireItem};
+use super::splice::{elements, span, string_at, ArgumentsForm, WireItem};
 use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -231,41 +231,21 @@ fn read_content<'a>(
     w: &mut WireItem<'a>,
     item: &mut Item,
 ) -> Result<(), &'static str> {
+    const NOT_CONTENT: &str = "content is not a string or array";
     let raw = content.get();
     match raw.as_bytes().first() {
-        Some(b'"') => {
-            let (s, text) = string_at(body, content).ok_or("bad string")?;
-            w.texts.push(TextSpan {
-                span: s,
-                text,
-                element: None,
-            });
-            Ok(())
-        }
+        Some(b'"') => w.push_text(body, content, None).ok_or("bad string"),
         Some(b'[') => {
-            let parts = elements(raw).ok_or("content is not a string or array")?;
-            let array = w.arrays.len();
-            w.arrays.push(Vec::with_capacity(parts.len()));
-            for (index, part) in parts.into_iter().enumerate() {
-                let raw = part.get();
-                w.arrays[array].push(span(body, raw));
-                if !raw.starts_with('{') {
-                    return Err("a content part is not an object");
-                }
+            for (element, raw) in
+                w.open_array(body, raw, NOT_CONTENT, "a content part is not an object")?
+            {
                 let p: PartFields =
                     serde_json::from_str(raw).map_err(|_| "a content part has no string type")?;
                 match p.kind.as_ref() {
-                    "input_text" | "output_text" => {
-                        let (s, text) = p
-                            .text
-                            .and_then(|t| string_at(body, t))
-                            .ok_or("a text part without text")?;
-                        w.texts.push(TextSpan {
-                            span: s,
-                            text,
-                            element: Some(ElementRef { array, index }),
-                        });
-                    }
+                    "input_text" | "output_text" => p
+                        .text
+                        .and_then(|t| w.push_text(body, t, Some(element)))
+                        .ok_or("a text part without text")?,
                     "refusal" => item.fixed_chars += p.refusal.as_deref().map_or(0, char_count),
                     kind if MEDIA_PARTS.contains(&kind) => {}
                     _ => return Err("unknown content part type"),
@@ -274,7 +254,7 @@ fn read_content<'a>(
             Ok(())
         }
         Some(b'n') => Ok(()),
-        _ => Err("content is not a string or array"),
+        _ => Err(NOT_CONTENT),
     }
 }
 

@@ -153,6 +153,50 @@ fn removal_ranges(spans: &[Range<usize>], removed: &[bool]) -> Vec<Range<usize>>
     out
 }
 
+impl<'a> WireItem<'a> {
+    /// Adds the JSON string `raw` as one of the item's text pieces, held by
+    /// `element` (or by nothing that could be removed); `None` when `raw`
+    /// is not a string.
+    pub(crate) fn push_text(
+        &mut self,
+        body: &'a str,
+        raw: &'a RawValue,
+        element: Option<ElementRef>,
+    ) -> Option<()> {
+        let (span, text) = string_at(body, raw)?;
+        self.texts.push(TextSpan {
+            span,
+            text,
+            element,
+        });
+        Some(())
+    }
+
+    /// Opens the JSON array `raw` as one of the item's content arrays and
+    /// returns its elements, every one an object, with their references.
+    pub(crate) fn open_array(
+        &mut self,
+        body: &'a str,
+        raw: &'a str,
+        not_array: &'static str,
+        not_object: &'static str,
+    ) -> Result<Vec<(ElementRef, &'a str)>, &'static str> {
+        let items = elements(raw).ok_or(not_array)?;
+        let array = self.arrays.len();
+        self.arrays.push(Vec::with_capacity(items.len()));
+        let mut out = Vec::with_capacity(items.len());
+        for (index, item) in items.into_iter().enumerate() {
+            let raw = item.get();
+            self.arrays[array].push(span(body, raw));
+            if !raw.starts_with('{') {
+                return Err(not_object);
+            }
+            out.push((ElementRef { array, index }, raw));
+        }
+        Ok(out)
+    }
+}
+
 impl WireItem<'_> {
     /// Where element `e` starts in the body.
     fn start_of(&self, e: ElementRef) -> usize {
