@@ -31,31 +31,41 @@ use crate::policy::CompiledPolicy;
 /// Which items `policy` protects from every pass: the engine's pins and
 /// the roles it keeps.
 pub fn protected_items(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<bool> {
-    engine_messages(conversation, policy)
-        .iter()
-        .map(|m| m.pin || policy.engine.keep_roles.contains(&m.role))
+    pins(conversation, policy)
+        .into_iter()
+        .zip(&conversation.items)
+        .map(|(pin, m)| pin || policy.engine.keep_roles.contains(&m.role))
         .collect()
 }
 
-/// The engine's view of the items under `policy`'s pin rules.
-pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
+/// Which items `policy`'s pin rules (and the format's fixed items) pin.
+pub fn pins(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<bool> {
     let items = &conversation.items;
     let first_user = items.iter().position(|m| m.role == engine::Role::User);
     items
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            let pin = m.fixed
+            m.fixed
                 || (policy.pin_first_user && first_user == Some(i))
-                || (!policy.pin_patterns.is_empty() && policy.pin_patterns.is_match(&m.text));
-            Message {
-                role: m.role,
-                content: m.text.clone(),
-                id: None,
-                pin,
-                fixed_chars: m.fixed_chars,
-                group: m.group,
-            }
+                || (!policy.pin_patterns.is_empty() && policy.pin_patterns.is_match(&m.text))
+        })
+        .collect()
+}
+
+/// The engine's view of the items under `policy`'s pin rules.
+pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
+    conversation
+        .items
+        .iter()
+        .zip(pins(conversation, policy))
+        .map(|(m, pin)| Message {
+            role: m.role,
+            content: m.text.clone(),
+            id: None,
+            pin,
+            fixed_chars: m.fixed_chars,
+            group: m.group,
         })
         .collect()
 }

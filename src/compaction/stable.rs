@@ -335,10 +335,7 @@ struct Replay<'a> {
 impl<'a> Replay<'a> {
     fn new(parsed: &'a Parsed<'a>, policy: &'a CompiledPolicy) -> Self {
         let conversation = &parsed.conversation;
-        let pins = super::engine_messages(conversation, policy)
-            .into_iter()
-            .map(|m| m.pin)
-            .collect();
+        let pins = super::pins(conversation, policy);
         let protected = super::protected_items(conversation, policy);
         let budget = super::item_policy(conversation, policy).budget_chars;
         Replay {
