@@ -69,6 +69,9 @@ pub struct ServerConfig {
     /// Request bytes held in memory across all requests being collected
     /// and forwarded; past it new bodies get 503 with Retry-After.
     pub max_buffered_bytes: usize,
+    /// Threads serving connections, each a single-threaded runtime that a
+    /// connection stays on (0: one per core). Restart only.
+    pub workers: usize,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +88,7 @@ impl Default for ServerConfig {
             keep_alive_timeout_secs: 15.0,
             max_connections: 1024,
             max_buffered_bytes: 256 * 1024 * 1024,
+            workers: 0,
         }
     }
 }
