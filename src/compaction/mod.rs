@@ -20,6 +20,7 @@
 //! Pure: no I/O and no async, like the engine it drives.
 
 pub mod agent;
+pub mod budget;
 pub mod stable;
 pub mod tokens;
 
