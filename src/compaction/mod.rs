@@ -136,17 +136,38 @@ pub fn compact(
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
     let total = conversation.total_chars();
-    let needs_tokens = policy.budget_tokens.is_some() || policy.agent.trigger_tokens > 0;
+    let needs_tokens = policy.budget_tokens.is_some()
+        || policy.agent.trigger_tokens > 0
+        || policy.auto_budget.is_some();
+    let (model, max_output) = if needs_tokens {
+        parsed.request_limits()
+    } else {
+        (None, None)
+    };
     let encoding = needs_tokens
-        .then(|| tokens::Encoding::for_model(parsed.model().as_deref(), policy.tokenizer_fallback));
+        .then(|| tokens::Encoding::for_model(model.as_deref(), policy.tokenizer_fallback));
     let input_tokens = std::cell::OnceCell::new();
     let count_input =
         || *input_tokens.get_or_init(|| encoding.map_or(0, |e| e.conversation(conversation)));
     let triggered = policy.agent.triggered(conversation, count_input);
-    if let (Some(budget_tokens), Some(encoding), crate::config::Mode::Exact) =
-        (policy.budget_tokens, encoding, policy.mode)
+    // `budget = "auto"`: the model's window is the budget, in tokens alone.
+    // A model no table knows falls back to the fixed budgets.
+    let derived = policy
+        .auto_budget
+        .as_ref()
+        .and_then(|auto| auto.budget_tokens(model.as_deref(), max_output));
+    let token_budget = match derived {
+        Some(tokens) => Some((tokens, usize::MAX)),
+        None => policy.budget_tokens.map(|tokens| (tokens, budget)),
+    };
+    if let (Some((budget_tokens, budget_chars)), Some(encoding), crate::config::Mode::Exact) =
+        (token_budget, encoding, policy.mode)
     {
-        return compact_to_tokens(parsed, policy, encoding, budget_tokens, triggered);
+        let budgets = Budgets {
+            tokens: budget_tokens,
+            chars: budget_chars,
+        };
+        return compact_to_tokens(parsed, policy, encoding, budgets, triggered);
     }
     let mut edits = agent::AgentEdits::default();
     // Items the dedupe stage removed (exact mode; stable mode's replay
@@ -196,24 +217,35 @@ pub fn compact(
     Compacted { plan, loss, stable }
 }
 
-/// Exact mode under a token budget beside the char budget: the char
-/// pipeline runs at a char budget scaled by the conversation's chars per
-/// token, tightened until the forwarded tokens fit too (a few rounds).
+/// The budgets of a request compacted to tokens.
+#[derive(Debug, Clone, Copy)]
+struct Budgets {
+    tokens: usize,
+    /// `budget_chars`, or no limit (`usize::MAX`) when the token budget was
+    /// derived from the model's window and is the whole budget.
+    chars: usize,
+}
+
+/// Exact mode under a token budget (beside the char budget, or alone): the
+/// char pipeline runs at a char budget scaled by the conversation's chars
+/// per token, tightened until the forwarded tokens fit too (a few rounds).
 fn compact_to_tokens(
     parsed: &Parsed,
     policy: &CompiledPolicy,
     encoding: tokens::Encoding,
-    budget_tokens: usize,
+    budgets: Budgets,
     triggered: bool,
 ) -> Compacted {
     let conversation = &parsed.conversation;
     let total = conversation.total_chars();
-    let budget = policy.engine.budget_chars;
+    let budget = budgets.chars;
+    let budget_tokens = budgets.tokens;
     let input_tokens = encoding.conversation(conversation);
     let with_tokens = |mut loss: LossSummary, output_tokens: usize| {
         loss.budget_met = loss.budget_met && output_tokens <= budget_tokens;
         loss.input_tokens = Some(input_tokens);
         loss.output_tokens = Some(output_tokens);
+        loss.budget_tokens = Some(budget_tokens);
         loss
     };
     if (total <= budget && input_tokens <= budget_tokens) || !triggered {
@@ -388,6 +420,7 @@ pub fn loss_with_passes(
         deduped_tool_chars: deduped,
         input_tokens: None,
         output_tokens: None,
+        budget_tokens: None,
     }
 }
 

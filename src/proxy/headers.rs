@@ -121,6 +121,9 @@ pub fn write_loss_report(
             set("x-compaction-input-tokens", input.to_string());
             set("x-compaction-output-tokens", output.to_string());
         }
+        if let Some(budget) = loss.budget_tokens {
+            set("x-compaction-budget-tokens", budget.to_string());
+        }
     }
 }
 

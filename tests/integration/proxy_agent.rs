@@ -159,3 +159,81 @@ async fn a_token_budget_is_met_and_reported() {
     assert!(output <= 300, "{output}");
     assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
 }
+
+/// Twelve long user messages (o200k tokens each, well over 100) of a
+/// `model` that asks for `max_output` tokens in `limit_key`.
+fn long_chat(model: &str, limit_key: &str, max_output: usize) -> (serde_json::Value, Vec<String>) {
+    let texts: Vec<String> = (0..12)
+        .map(|k| format!("Message {k}: the payment retry loop needs a bounded budget. ").repeat(8))
+        .collect();
+    let messages: Vec<serde_json::Value> = texts
+        .iter()
+        .map(|t| json!({"role": "user", "content": t}))
+        .collect();
+    let mut body = json!({"model": model, "messages": messages});
+    body[limit_key] = json!(max_output);
+    (body, texts)
+}
+
+const AUTO_POLICY: &str = "[policies.default]
+budget_chars = 200000
+budget = \"auto\"
+reserve_tokens = 200
+keep_last_n = 1
+pin_first_user = false
+[policies.default.context_windows]
+\"test-model\" = 1000
+";
+
+#[tokio::test]
+async fn an_auto_budget_is_the_window_minus_output_and_reserve() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(AUTO_POLICY, &upstream.url()).await;
+    for (limit_key, max_output) in [("max_completion_tokens", 300), ("max_tokens", 500)] {
+        let (body, texts) = long_chat("test-model-2", limit_key, max_output);
+        let answer = send(post_json(
+            &proxy.url("/v1/chat/completions"),
+            body.to_string(),
+        ))
+        .await;
+        assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+        let budget = 1000 - max_output - 200;
+        let header = |name| answer.header(name).unwrap().parse::<usize>().unwrap();
+        assert_eq!(header("x-compaction-budget-tokens"), budget, "{limit_key}");
+        let input: usize = texts.iter().map(|t| o200k(t)).sum();
+        assert!(input > 1000, "the conversation must be over the window");
+        assert_eq!(header("x-compaction-input-tokens"), input);
+        let sent = upstream.last().json();
+        let output: usize = sent["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| o200k(m["content"].as_str().unwrap()))
+            .sum();
+        assert_eq!(header("x-compaction-output-tokens"), output);
+        assert!(output <= budget, "{output} > {budget}");
+        assert!(
+            output > budget / 2,
+            "{output}: the budget is used, not emptied"
+        );
+        assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
+        // The derived budget alone applies: the char budget was far away.
+        assert!(body.to_string().len() < 200_000);
+    }
+}
+
+#[tokio::test]
+async fn an_auto_budget_for_an_unknown_model_falls_back_to_the_fixed_budgets() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(AUTO_POLICY, &upstream.url()).await;
+    let (body, _) = long_chat("mystery-llm", "max_tokens", 10);
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
+    // Under budget_chars and no budget_tokens: forwarded as it came.
+    assert_eq!(answer.header("x-compaction-status"), Some("unchanged"));
+    assert_eq!(answer.header("x-compaction-budget-tokens"), None);
+    assert_eq!(upstream.last().json(), body);
+}
