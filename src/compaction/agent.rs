@@ -298,6 +298,99 @@ pub fn clip_arguments(arguments: &str, max: usize) -> Option<String> {
     Some(out)
 }
 
+/// ReMe's decision for one tool call (seed 004), derived from what the
+/// forwarded plan did to the call and its results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnitDecision {
+    /// The call and its whole results were forwarded.
+    Keep,
+    /// The call was forwarded; a result was shortened (pruned to head +
+    /// marker + tail, replaced by a same-output marker, or trimmed).
+    DropResult,
+    /// The call went, and its results with it (the unit was dropped).
+    DropCall,
+}
+
+/// One tool call's decision, for the report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CallDecision {
+    pub id: String,
+    pub name: String,
+    pub decision: UnitDecision,
+    /// String values in its arguments were clipped (`max_arg_chars`); the
+    /// decision is about its results.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub arguments_clipped: bool,
+    /// The item making the call.
+    #[serde(skip)]
+    pub item: usize,
+    /// The items answering it.
+    #[serde(skip)]
+    pub results: Vec<usize>,
+}
+
+/// Every tool call's decision under `plan` (`None`: everything forwarded
+/// as it came), in call order. A call's results are the items answering its
+/// id; a format that puts several results in one item (Anthropic's
+/// tool_result blocks in one user message) names only the first call, so a
+/// call without an answering item takes its unit's result items.
+pub fn call_decisions(
+    conversation: &Conversation,
+    plan: Option<&crate::format::Plan>,
+) -> Vec<CallDecision> {
+    let items = &conversation.items;
+    let mut planned: Vec<Option<&crate::format::Planned>> = vec![None; items.len()];
+    if let Some(plan) = plan {
+        for p in &plan.items {
+            if let Some(slot) = planned.get_mut(p.index) {
+                *slot = Some(p);
+            }
+        }
+    }
+    let forwarded = |i: usize| plan.is_none() || planned[i].is_some();
+    let shortened = |i: usize| planned[i].is_some_and(|p| p.text.is_some());
+    let mut answering: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, item) in items.iter().enumerate() {
+        if let Some(id) = item.answers.as_deref() {
+            answering.entry(id).or_default().push(i);
+        }
+    }
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        for (pos, call) in item.tool_calls.iter().enumerate() {
+            let results = match answering.get(call.id.as_str()) {
+                Some(found) => found.clone(),
+                None => (0..items.len())
+                    .filter(|&k| {
+                        k != i
+                            && item.group.is_some()
+                            && items[k].group == item.group
+                            && items[k].answers.is_some()
+                    })
+                    .collect(),
+            };
+            let decision = if !forwarded(i) {
+                UnitDecision::DropCall
+            } else if results.iter().any(|&r| !forwarded(r) || shortened(r)) {
+                UnitDecision::DropResult
+            } else {
+                UnitDecision::Keep
+            };
+            out.push(CallDecision {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                decision,
+                arguments_clipped: planned[i]
+                    .is_some_and(|p| p.arguments.iter().any(|(c, _)| *c == pos)),
+                item: i,
+                results,
+            });
+        }
+    }
+    out
+}
+
 /// Items of `excluded_tools`' units: calls to an excluded tool and the
 /// results answering them. Not only the passes: the engine may drop such a
 /// unit whole but never cut its text.
@@ -519,6 +612,62 @@ mod tests {
 
     fn run_all(c: &Conversation, budget: usize, p: &AgentPolicy) -> AgentEdits {
         run(c, &vec![false; c.items.len()], budget, p, &|_, _| true)
+    }
+
+    #[test]
+    fn decisions_follow_what_the_plan_forwards() {
+        use crate::format::{Plan, Planned};
+        let mut anthropic_like = call("call_x", "read_file", "{}");
+        anthropic_like.tool_calls.push(ToolCall {
+            id: "call_y".into(),
+            name: "grep".into(),
+            arguments: "{}".into(),
+        });
+        anthropic_like.group = Some(7);
+        // One item answers both calls, naming only the first.
+        let mut both = result("call_x", "two results in one message");
+        both.group = Some(7);
+        let c = conversation(vec![
+            Item::new(Role::User, "task"),
+            call("call_a", "read_file", "{}"),
+            result("call_a", "a"),
+            call("call_b", "grep", "{\"q\":\"long\"}"),
+            result("call_b", "b"),
+            call("call_c", "read_file", "{}"),
+            result("call_c", "c"),
+            anthropic_like,
+            both,
+        ]);
+        let decided = |plan: Option<&Plan>| -> Vec<(String, UnitDecision, bool)> {
+            call_decisions(&c, plan)
+                .into_iter()
+                .map(|d| (d.id, d.decision, d.arguments_clipped))
+                .collect()
+        };
+        // Nothing changed: every call is kept.
+        assert!(decided(None)
+            .iter()
+            .all(|(_, d, clipped)| *d == UnitDecision::Keep && !clipped));
+        let mut plan = Plan {
+            items: [0, 3, 4, 5, 6, 7, 8].map(Planned::verbatim).to_vec(),
+        };
+        plan.items[1].arguments = vec![(0, "{}".into())];
+        plan.items[4].text = Some("[same output as tool call call_a]".into());
+        plan.items[6].text = Some("two res[… 5 chars omitted …]".into());
+        let decisions = decided(Some(&plan));
+        use UnitDecision::*;
+        assert_eq!(
+            decisions,
+            [
+                ("call_a".to_owned(), DropCall, false),
+                ("call_b".to_owned(), Keep, true),
+                ("call_c".to_owned(), DropResult, false),
+                ("call_x".to_owned(), DropResult, false),
+                ("call_y".to_owned(), DropResult, false),
+            ]
+        );
+        let found = call_decisions(&c, Some(&plan));
+        assert_eq!((found[4].item, found[4].results.clone()), (7, vec![8]));
     }
 
     #[test]

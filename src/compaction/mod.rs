@@ -124,6 +124,9 @@ pub struct Compacted {
     /// Stable mode: leading forwarded items unchanged since the last
     /// re-compaction, and whether this turn's new items caused one.
     pub stable: Option<stable::StableInfo>,
+    /// The char budget the passes ran at: the policy's, or under a token
+    /// budget the last round's (the report re-runs the engine at it).
+    pub budget_chars: usize,
 }
 
 /// Compacts a parsed body under `policy`, in the policy's mode.
@@ -214,7 +217,12 @@ pub fn compact(
         },
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
-    Compacted { plan, loss, stable }
+    Compacted {
+        plan,
+        loss,
+        stable,
+        budget_chars: budget,
+    }
 }
 
 /// The budgets of a request compacted to tokens.
@@ -254,6 +262,7 @@ fn compact_to_tokens(
             plan: None,
             loss: with_tokens(loss, input_tokens),
             stable: None,
+            budget_chars: budget,
         };
     }
     let scaled = |chars: usize, tokens: usize| {
@@ -293,6 +302,7 @@ fn compact_to_tokens(
             plan,
             loss: with_tokens(loss, output_tokens),
             stable: None,
+            budget_chars: chars_budget,
         });
         if done {
             break;
