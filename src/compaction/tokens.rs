@@ -8,11 +8,15 @@
 //! DFA (`regex-automata`) instead of tiktoken's backtracking `fancy_regex`,
 //! and counting allocates no token vector.
 //!
+//! Short pre-tokenizer pieces' counts are remembered per thread (see
+//! [`Encoding::count`]).
+//!
 //! Counts are cached per item and per text (a 64-bit hash of the encoding
 //! and the text is the key), so a new turn counts only its new messages.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 use crate::format::{Conversation, Item, Plan};
@@ -43,6 +47,20 @@ fn cached(key: u64, count: impl FnOnce() -> usize) -> usize {
         slot.store((tag << 32) | u64::from(stored), Ordering::Relaxed);
     }
     n
+}
+
+/// Pieces longer than this are counted each time (a long piece is rare
+/// and would crowd the table).
+const MAX_CACHED_PIECE: usize = 32;
+/// Pieces a thread remembers per encoding before it starts over (about
+/// 1 MiB per encoding at most).
+const MAX_PIECES: usize = 1 << 14;
+
+thread_local! {
+    /// Per encoding, the token counts of pre-tokenizer pieces counted on
+    /// this thread.
+    static PIECES: std::cell::RefCell<[FxHashMap<Box<str>, u32>; 2]> =
+        std::cell::RefCell::new([FxHashMap::default(), FxHashMap::default()]);
 }
 
 /// Seeds the hash of a whole item (text and tool calls), so its key never
@@ -103,13 +121,47 @@ impl Encoding {
         }
     }
 
-    /// Tokens of `text`, uncached (special tokens count as text, as
-    /// tiktoken's `encode_ordinary` counts them).
+    /// Tokens of `text`, not from the per-text cache (special tokens count
+    /// as text, as tiktoken's `encode_ordinary` counts them).
+    ///
+    /// The pre-tokenizer's pieces are counted one by one; short pieces
+    /// (words, numbers, punctuation runs) repeat across a conversation, and
+    /// their counts come from a per-thread table: the BPE encoder allocates
+    /// twice per piece, which cost as much as the search itself.
     pub fn count(self, text: &str) -> usize {
         if text.is_empty() {
             return 0;
         }
-        self.tokenizer().count(text)
+        let tokenizer = self.tokenizer();
+        PIECES.with(|pieces| {
+            let mut pieces = pieces.borrow_mut();
+            let table = &mut pieces[self as usize];
+            tokenizer
+                .split(text)
+                .map(|piece| {
+                    if piece.len() > MAX_CACHED_PIECE {
+                        return tokenizer.bpe.count(piece.as_bytes());
+                    }
+                    if let Some(&n) = table.get(piece) {
+                        return n as usize;
+                    }
+                    let n = tokenizer.bpe.count(piece.as_bytes());
+                    if table.len() >= MAX_PIECES {
+                        table.clear();
+                    }
+                    // A piece of at most MAX_CACHED_PIECE bytes has fewer tokens.
+                    table.insert(piece.into(), n as u32);
+                    n
+                })
+                .sum()
+        })
+    }
+
+    /// Empties this thread's piece table, so a benchmark measures counting
+    /// text whose pieces were never seen.
+    #[doc(hidden)]
+    pub fn forget_pieces() {
+        PIECES.with(|pieces| pieces.borrow_mut().iter_mut().for_each(|t| t.clear()));
     }
 
     /// The tokens of `text` (for the tests that compare them with
