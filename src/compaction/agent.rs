@@ -145,6 +145,9 @@ pub struct AgentEdits {
     pub texts: HashMap<usize, TextEdit>,
     /// New arguments by item, as (call position, JSON text).
     pub arguments: HashMap<usize, Vec<(usize, String)>>,
+    /// Items pruned result by result ([`Item::piece_chars`]): each piece's
+    /// new text, whose join is the item's `Pruned` text.
+    pub pieces: HashMap<usize, Vec<String>>,
 }
 
 impl AgentEdits {
@@ -156,7 +159,13 @@ impl AgentEdits {
     pub fn apply(&self, conversation: &Conversation) -> Conversation {
         let mut out = conversation.clone();
         for (&i, edit) in &self.texts {
-            out.items[i].text = edit.text().to_owned();
+            let item = &mut out.items[i];
+            item.text = edit.text().to_owned();
+            item.piece_chars = self
+                .pieces
+                .get(&i)
+                .map(|pieces| pieces.iter().map(|p| char_count(p)).collect())
+                .unwrap_or_default();
         }
         for (&i, args) in &self.arguments {
             let item = &mut out.items[i];
@@ -391,6 +400,44 @@ pub fn call_decisions(
     out
 }
 
+/// `text` split into its pieces of `piece_chars` chars each, when it has
+/// several and they add up to it.
+fn split_pieces<'t>(text: &'t str, piece_chars: &[usize]) -> Option<Vec<&'t str>> {
+    if piece_chars.len() < 2 {
+        return None;
+    }
+    let mut pieces = Vec::with_capacity(piece_chars.len());
+    let mut rest = text;
+    for &chars in piece_chars {
+        let piece = char_prefix(rest, chars);
+        if char_count(piece) != chars {
+            return None;
+        }
+        pieces.push(piece);
+        rest = &rest[piece.len()..];
+    }
+    rest.is_empty().then_some(pieces)
+}
+
+/// The pieces of `pieces` cut where the prefix `new` of their join ends;
+/// `None` when `new` is not such a prefix.
+pub fn cut_pieces(pieces: &[String], new: &str) -> Option<Vec<String>> {
+    let mut left = new;
+    let mut out = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        if let Some(rest) = left.strip_prefix(piece.as_str()) {
+            out.push(piece.clone());
+            left = rest;
+        } else if piece.starts_with(left) {
+            out.push(left.to_owned());
+            left = "";
+        } else {
+            return None;
+        }
+    }
+    left.is_empty().then_some(out)
+}
+
 /// Items of `excluded_tools`' units: calls to an excluded tool and the
 /// results answering them. Not only the passes: the engine may drop such a
 /// unit whole but never cut its text.
@@ -519,23 +566,39 @@ pub fn run(
 
     // 2. Prune: oldest first, when it saves enough.
     if total > budget && policy.max_tool_result_chars > 0 {
-        let pruned: Vec<(usize, String, usize)> = (0..window_start)
+        let pruned: Vec<(usize, String, usize, Option<Vec<String>>)> = (0..window_start)
             .filter(|&i| candidate(i) && !referenced[i] && !edits.texts.contains_key(&i))
             .filter_map(|i| {
                 let text = &items[i].text;
-                let new = head_and_tail(text, policy.max_tool_result_chars)?;
-                let saved = char_count(text) - char_count(&new);
-                Some((i, new, saved))
+                let (new, pieces) = match split_pieces(text, &items[i].piece_chars) {
+                    // Several results in one item: each is cut on its own.
+                    Some(pieces) => {
+                        let cut: Vec<String> = pieces
+                            .iter()
+                            .map(|p| {
+                                head_and_tail(p, policy.max_tool_result_chars)
+                                    .unwrap_or_else(|| (*p).to_owned())
+                            })
+                            .collect();
+                        (cut.concat(), Some(cut))
+                    }
+                    None => (head_and_tail(text, policy.max_tool_result_chars)?, None),
+                };
+                let saved = char_count(text).checked_sub(char_count(&new))?;
+                (saved > 0).then_some((i, new, saved, pieces))
             })
             .collect();
-        let prunable: usize = pruned.iter().map(|(_, _, saved)| saved).sum();
+        let prunable: usize = pruned.iter().map(|(_, _, saved, _)| saved).sum();
         if prunable >= policy.prune_minimum_chars.min(total - budget) {
-            for (i, new, saved) in pruned {
+            for (i, new, saved, pieces) in pruned {
                 if total <= budget {
                     break;
                 }
                 total -= saved;
                 edits.texts.insert(i, TextEdit::Pruned(new));
+                if let Some(pieces) = pieces {
+                    edits.pieces.insert(i, pieces);
+                }
             }
         }
     }
@@ -668,6 +731,52 @@ mod tests {
         );
         let found = call_decisions(&c, Some(&plan));
         assert_eq!((found[4].item, found[4].results.clone()), (7, vec![8]));
+    }
+
+    #[test]
+    fn pieces_split_by_chars_and_cut_where_a_prefix_ends() {
+        assert_eq!(
+            split_pieces("héllo wörld!", &[5, 6, 1]),
+            Some(vec!["héllo", " wörld", "!"])
+        );
+        assert_eq!(split_pieces("abc", &[3]), None, "one piece is no split");
+        assert_eq!(split_pieces("abc", &[1, 1]), None, "pieces must add up");
+        let pieces: Vec<String> = ["ab", "cd", "ef"].map(String::from).to_vec();
+        assert_eq!(
+            cut_pieces(&pieces, "abc"),
+            Some(vec!["ab".into(), "c".into(), String::new()])
+        );
+        assert_eq!(cut_pieces(&pieces, "abcdef"), Some(pieces.clone()));
+        assert_eq!(cut_pieces(&pieces, "abX"), None);
+    }
+
+    #[test]
+    fn several_results_in_one_item_are_pruned_one_by_one() {
+        let (a, b) = (numbered(100, "a"), numbered(100, "b"));
+        let mut both = result("call_1", &format!("{a}{b}"));
+        both.piece_chars = vec![char_count(&a), char_count(&b)];
+        let c = conversation(vec![
+            Item::new(Role::User, "task"),
+            call("call_1", "read_file", "{}"),
+            both,
+            Item::new(Role::User, "next"),
+        ]);
+        let p = AgentPolicy {
+            protect_tool_chars: 0,
+            ..policy()
+        };
+        let edits = run_all(&c, 100, &p);
+        let pieces = &edits.pieces[&2];
+        assert_eq!(pieces.len(), 2);
+        for (piece, original) in pieces.iter().zip([&a, &b]) {
+            assert_eq!(Some(piece.clone()), head_and_tail(original, 100));
+        }
+        assert_eq!(edits.texts[&2].text(), pieces.concat());
+        let applied = edits.apply(&c);
+        assert_eq!(
+            applied.items[2].piece_chars,
+            pieces.iter().map(|p| char_count(p)).collect::<Vec<_>>()
+        );
     }
 
     #[test]

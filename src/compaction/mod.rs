@@ -91,6 +91,7 @@ pub fn plan_of(report: &Report) -> Plan {
                 index: m.index,
                 text: (m.kept == Kept::Trimmed).then(|| m.content.clone()),
                 arguments: Vec::new(),
+                pieces: None,
             })
             .collect(),
     }
@@ -360,6 +361,10 @@ pub fn run_passes(
             p.text = None;
         } else if p.text.is_none() {
             p.text = edits.texts.get(&p.index).map(|e| e.text().to_owned());
+            p.pieces = edits.pieces.get(&p.index).cloned();
+        } else if let (Some(pieces), Some(text)) = (edits.pieces.get(&p.index), &p.text) {
+            // The engine cut a text pruned result by result further.
+            p.pieces = agent::cut_pieces(pieces, text);
         }
         if let Some(args) = edits.arguments.get(&p.index) {
             p.arguments = args.clone();

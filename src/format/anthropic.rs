@@ -212,6 +212,9 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
             item.role = Role::Tool;
         }
         item.text = w.text();
+        if item.role == Role::Tool && w.texts.len() > 1 {
+            item.piece_chars = w.texts.iter().map(|t| char_count(&t.text)).collect();
+        }
         conversation.items.push(item);
         wire.push(w);
     }

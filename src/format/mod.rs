@@ -151,6 +151,10 @@ pub struct Item {
     pub tool_calls: Vec<ToolCall>,
     /// The call this item answers, when it is a tool result.
     pub answers: Option<String>,
+    /// Char counts of the text pieces of an item whose text joins several
+    /// tool results (Anthropic `tool_result` blocks in one user message),
+    /// so that pruning cuts each result on its own; empty otherwise.
+    pub piece_chars: Vec<usize>,
 }
 
 impl Item {
@@ -163,6 +167,7 @@ impl Item {
             fixed: false,
             tool_calls: Vec::new(),
             answers: None,
+            piece_chars: Vec::new(),
         }
     }
 
@@ -195,6 +200,10 @@ pub struct Planned {
     pub text: Option<String>,
     /// New arguments (JSON text) by tool-call position within the item.
     pub arguments: Vec<(usize, String)>,
+    /// The new text of each text piece, when a pass cut the pieces one by
+    /// one (`text` is then their join); `None`: `text` is spread over the
+    /// pieces as one text.
+    pub pieces: Option<Vec<String>>,
 }
 
 impl Planned {
@@ -203,6 +212,7 @@ impl Planned {
             index,
             text: None,
             arguments: Vec::new(),
+            pieces: None,
         }
     }
 }

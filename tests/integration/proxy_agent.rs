@@ -237,3 +237,62 @@ async fn an_auto_budget_for_an_unknown_model_falls_back_to_the_fixed_budgets() {
     assert_eq!(answer.header("x-compaction-budget-tokens"), None);
     assert_eq!(upstream.last().json(), body);
 }
+
+#[tokio::test]
+async fn anthropic_tool_results_in_one_message_are_pruned_one_by_one() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[policies.default]\nbudget_chars = 3000\nkeep_last_n = 1\nmax_tool_result_chars = 200\nprotect_tool_chars = 0\nprune_minimum_chars = 0\n",
+        &upstream.url(),
+    )
+    .await;
+    let output = |tag: &str| -> String { (0..300).map(|k| format!("{tag}{k} ")).collect() };
+    let outputs = [output("alpha"), output("beta"), output("gamma")];
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": [
+        {"role": "user", "content": "Task: read the three files."},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "read_file", "input": {"path": "b"}},
+            {"type": "tool_use", "id": "toolu_3", "name": "read_file", "input": {"path": "c"}}
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": outputs[0]},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": outputs[1]}]},
+            {"type": "tool_result", "tool_use_id": "toolu_3", "content": outputs[2]}
+        ]},
+        {"role": "assistant", "content": "Read them."},
+        {"role": "user", "content": "Now summarise."}
+    ]});
+    let answer = send(post_json(&proxy.url("/v1/messages"), body.to_string())).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    let sent = upstream.last().json();
+    let results = sent["messages"][2]["content"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "{sent:#}");
+    for (k, (result, original)) in results.iter().zip(&outputs).enumerate() {
+        assert_eq!(result["tool_use_id"], format!("toolu_{}", k + 1));
+        let text = match &result["content"] {
+            serde_json::Value::String(s) => s.clone(),
+            blocks => blocks[0]["text"].as_str().unwrap().to_owned(),
+        };
+        // Its own head and tail around a marker: nothing of another result.
+        assert!(text.starts_with(&original[..50]), "{k}: {text}");
+        assert!(
+            text.ends_with(&original[original.len() - 50..]),
+            "{k}: {text}"
+        );
+        assert!(text.contains("chars omitted"), "{k}: {text}");
+        assert!(text.chars().count() < 300, "{k}: {text}");
+    }
+    let pruned = outputs.iter().map(|o| o.chars().count()).sum::<usize>()
+        - results
+            .iter()
+            .map(|r| match &r["content"] {
+                serde_json::Value::String(s) => s.chars().count(),
+                blocks => blocks[0]["text"].as_str().unwrap().chars().count(),
+            })
+            .sum::<usize>();
+    assert_eq!(
+        answer.header("x-compaction-pruned-chars"),
+        Some(pruned.to_string().as_str())
+    );
+}
