@@ -52,9 +52,9 @@ fn cached(key: u64, count: impl FnOnce() -> usize) -> usize {
 /// Pieces longer than this are counted each time (a long piece is rare
 /// and would crowd the table).
 const MAX_CACHED_PIECE: usize = 32;
-/// Pieces a thread remembers per encoding before it starts over (about
-/// 1 MiB per encoding at most).
-const MAX_PIECES: usize = 1 << 14;
+/// Pieces a thread remembers per encoding before it starts over: at most
+/// about 300 KiB per thread, however many blocking-pool threads count.
+const MAX_PIECES: usize = 1 << 12;
 
 thread_local! {
     /// Per encoding, the token counts of pre-tokenizer pieces counted on
