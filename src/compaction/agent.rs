@@ -341,9 +341,10 @@ pub struct CallDecision {
 
 /// Every tool call's decision under `plan` (`None`: everything forwarded
 /// as it came), in call order. A call's results are the items answering its
-/// id; a format that puts several results in one item (Anthropic's
-/// tool_result blocks in one user message) names only the first call, so a
-/// call without an answering item takes its unit's result items.
+/// id, as their `answers` or one of their `piece_answers` (Anthropic's
+/// tool_result blocks sharing a message: each call is judged by its own
+/// blocks when they were pruned one by one). A call no item names takes
+/// its unit's result items.
 pub fn call_decisions(
     conversation: &Conversation,
     plan: Option<&crate::format::Plan>,
@@ -358,10 +359,34 @@ pub fn call_decisions(
         }
     }
     let forwarded = |i: usize| plan.is_none() || planned[i].is_some();
-    let shortened = |i: usize| planned[i].is_some_and(|p| p.text.is_some());
+    // Whether the part of result `r` answering `id` was shortened: its own
+    // pieces when they were cut one by one, else the whole text.
+    let shortened = |r: usize, id: &str| {
+        let Some(p) = planned[r].filter(|p| p.text.is_some()) else {
+            return false;
+        };
+        let item = &items[r];
+        match (&p.pieces, split_pieces(&item.text, &item.piece_chars)) {
+            (Some(new), Some(old))
+                if new.len() == old.len() && item.piece_answers.len() == old.len() =>
+            {
+                old.iter()
+                    .zip(new)
+                    .zip(&item.piece_answers)
+                    .any(|((old, new), answers)| answers == id && *old != new.as_str())
+            }
+            _ => true,
+        }
+    };
     let mut answering: HashMap<&str, Vec<usize>> = HashMap::new();
     for (i, item) in items.iter().enumerate() {
-        if let Some(id) = item.answers.as_deref() {
+        let mut ids: Vec<&str> = item.answers.iter().map(String::as_str).collect();
+        for id in &item.piece_answers {
+            if !ids.contains(&id.as_str()) {
+                ids.push(id);
+            }
+        }
+        for id in ids {
             answering.entry(id).or_default().push(i);
         }
     }
@@ -381,7 +406,10 @@ pub fn call_decisions(
             };
             let decision = if !forwarded(i) {
                 UnitDecision::DropCall
-            } else if results.iter().any(|&r| !forwarded(r) || shortened(r)) {
+            } else if results
+                .iter()
+                .any(|&r| !forwarded(r) || shortened(r, &call.id))
+            {
                 UnitDecision::DropResult
             } else {
                 UnitDecision::Keep
@@ -460,8 +488,9 @@ pub fn excluded_items(conversation: &Conversation, policy: &AgentPolicy) -> Vec<
     for (i, item) in items.iter().enumerate() {
         if item
             .answers
-            .as_deref()
-            .is_some_and(|id| excluded_calls.contains(&id))
+            .iter()
+            .chain(&item.piece_answers)
+            .any(|id| excluded_calls.contains(&id.as_str()))
         {
             out[i] = true;
         }
@@ -522,8 +551,16 @@ pub fn run(
         .iter()
         .filter_map(|item| item.answers.as_deref())
         .collect();
-    let candidate =
-        |i: usize| i < window_start && is_result(i) && !pinned[i] && policy.touches(tool_of(i));
+    // Every call an item answers (several for results sharing a message)
+    // must be one the passes may touch.
+    let touched = |i: usize| {
+        policy.touches(tool_of(i))
+            && items[i]
+                .piece_answers
+                .iter()
+                .all(|id| policy.touches(calls.get(id.as_str()).map(|&(_, name)| name)))
+    };
+    let candidate = |i: usize| i < window_start && is_result(i) && !pinned[i] && touched(i);
 
     // 1. Tool dedupe: later near-duplicates of an earlier result.
     let mut referenced = vec![false; items.len()];
@@ -777,6 +814,53 @@ mod tests {
             applied.items[2].piece_chars,
             pieces.iter().map(|p| char_count(p)).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn results_sharing_a_message_are_judged_and_excluded_by_their_own_call() {
+        use crate::format::{Plan, Planned};
+        let mut calls = call("toolu_1", "read_file", "{}");
+        calls.tool_calls.push(ToolCall {
+            id: "toolu_2".into(),
+            name: "deploy".into(),
+            arguments: "{}".into(),
+        });
+        let (long, short) = (numbered(100, "a"), "ok".to_owned());
+        let mut shared = result("toolu_1", &format!("{long}{short}"));
+        shared.piece_chars = vec![char_count(&long), char_count(&short)];
+        shared.piece_answers = vec!["toolu_1".into(), "toolu_2".into()];
+        let c = conversation(vec![
+            Item::new(Role::User, "task"),
+            calls,
+            shared,
+            Item::new(Role::User, "next"),
+        ]);
+        // Pruned one by one: only the long block changed.
+        let cut = vec![head_and_tail(&long, 100).unwrap(), short.clone()];
+        let mut plan = Plan {
+            items: [0, 1, 2, 3].map(Planned::verbatim).to_vec(),
+        };
+        plan.items[2].text = Some(cut.concat());
+        plan.items[2].pieces = Some(cut);
+        let decisions: Vec<(String, UnitDecision)> = call_decisions(&c, Some(&plan))
+            .into_iter()
+            .map(|d| (d.id, d.decision))
+            .collect();
+        assert_eq!(
+            decisions,
+            [
+                ("toolu_1".to_owned(), UnitDecision::DropResult),
+                ("toolu_2".to_owned(), UnitDecision::Keep),
+            ]
+        );
+        // The second block answers an excluded tool: the message is its unit's.
+        let p = AgentPolicy {
+            protect_tool_chars: 0,
+            excluded_tools: vec!["deploy".into()],
+            ..policy()
+        };
+        assert_eq!(excluded_items(&c, &p), [false, true, true, false]);
+        assert!(run_all(&c, 50, &p).texts.is_empty(), "never cut");
     }
 
     #[test]

@@ -155,6 +155,8 @@ pub struct Item {
     /// tool results (Anthropic `tool_result` blocks in one user message),
     /// so that pruning cuts each result on its own; empty otherwise.
     pub piece_chars: Vec<usize>,
+    /// With `piece_chars`: the call each piece answers.
+    pub piece_answers: Vec<String>,
 }
 
 impl Item {
@@ -168,6 +170,7 @@ impl Item {
             tool_calls: Vec::new(),
             answers: None,
             piece_chars: Vec::new(),
+            piece_answers: Vec::new(),
         }
     }
 
