@@ -570,7 +570,9 @@ pub fn run(
         // Earlier results by tool: (item, word set).
         let mut earlier: HashMap<&str, Vec<(usize, Vec<u32>)>> = HashMap::new();
         for i in 0..window_start {
-            if !is_result(i) {
+            // Several results in one message are several outputs: one
+            // marker cannot stand for them (pruning cuts them one by one).
+            if !is_result(i) || items[i].piece_chars.len() > 1 {
                 continue;
             }
             let Some(tool) = tool_of(i) else { continue };
