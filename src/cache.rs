@@ -143,6 +143,7 @@ mod tests {
                 clipped_chars: 0,
                 deduped_tool_chars: 0,
                 input_tokens: None,
+                budget_tokens: None,
                 output_tokens: None,
             },
             rewritten: Some(Bytes::from_static(b"{}")),

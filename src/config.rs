@@ -157,6 +157,19 @@ pub enum Mode {
     Stable,
 }
 
+/// Where a policy's token budget comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetMode {
+    /// `budget_chars`, and `budget_tokens` when set.
+    #[default]
+    Fixed,
+    /// Per request: the model's context window (`context_windows`, then
+    /// the built-in table) minus the requested output tokens and
+    /// `reserve_tokens` ([`crate::compaction::budget`]).
+    Auto,
+}
+
 /// How a policy scores drop candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -258,6 +271,22 @@ pub struct PolicyConfig {
     /// The encoding for models the token table does not know.
     #[serde(default = "default_tokenizer_fallback")]
     pub tokenizer_fallback: String,
+    /// `"auto"`: the token budget is the model's context window minus the
+    /// requested output and `reserve_tokens` (exact mode).
+    #[serde(default)]
+    pub budget: BudgetMode,
+    /// `budget = "auto"`: tokens kept free beside the requested output.
+    #[serde(default = "default_reserve_tokens")]
+    pub reserve_tokens: usize,
+    /// `budget = "auto"`: context windows (tokens) by model-name prefix,
+    /// before the built-in table.
+    #[serde(default)]
+    pub context_windows: BTreeMap<String, usize>,
+}
+
+fn default_reserve_tokens() -> usize {
+    // Seed 002's `reserved`: room for the model's own overhead.
+    20_000
 }
 
 fn default_tokenizer_fallback() -> String {
@@ -321,6 +350,9 @@ impl Default for PolicyConfig {
             trigger_tokens: 0,
             budget_tokens: 0,
             tokenizer_fallback: default_tokenizer_fallback(),
+            budget: BudgetMode::Fixed,
+            reserve_tokens: default_reserve_tokens(),
+            context_windows: BTreeMap::new(),
         }
     }
 }

@@ -675,6 +675,7 @@ mod tests {
             deduped_tool_chars: 0,
             input_tokens: Some(5),
             output_tokens: Some(3),
+            budget_tokens: None,
         }
     }
 

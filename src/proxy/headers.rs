@@ -85,6 +85,7 @@ const CLIPPED_CHARS: HeaderName = HeaderName::from_static("x-compaction-clipped-
 const DEDUPED_TOOL_CHARS: HeaderName = HeaderName::from_static("x-compaction-deduped-tool-chars");
 const INPUT_TOKENS: HeaderName = HeaderName::from_static("x-compaction-input-tokens");
 const OUTPUT_TOKENS: HeaderName = HeaderName::from_static("x-compaction-output-tokens");
+const BUDGET_TOKENS: HeaderName = HeaderName::from_static("x-compaction-budget-tokens");
 const RETAINED_RATIO: HeaderName = HeaderName::from_static("x-compaction-retained-ratio");
 const BUDGET_MET: HeaderName = HeaderName::from_static("x-compaction-budget-met");
 
@@ -124,9 +125,10 @@ pub fn write_loss_report(
         (DEDUPED_TOOL_CHARS, Some(loss.deduped_tool_chars)),
         (INPUT_TOKENS, input_tokens),
         (OUTPUT_TOKENS, output_tokens),
+        (BUDGET_TOKENS, loss.budget_tokens),
     ];
     let mut text = bytes::BytesMut::with_capacity(256);
-    let mut ends = [0usize; 13];
+    let mut ends = [0usize; 14];
     for (end, (_, figure)) in ends.iter_mut().zip(&figures) {
         if let Some(figure) = figure {
             let _ = write!(text, "{figure}");
@@ -134,7 +136,7 @@ pub fn write_loss_report(
         *end = text.len();
     }
     let _ = write!(text, "{}", loss.retained_ratio);
-    ends[12] = text.len();
+    ends[13] = text.len();
     let text = text.freeze();
     let value = |start: usize, end: usize| HeaderValue::from_maybe_shared(text.slice(start..end));
     let mut start = 0;
@@ -146,7 +148,7 @@ pub fn write_loss_report(
         }
         start = end;
     }
-    if let Ok(ratio) = value(start, ends[12]) {
+    if let Ok(ratio) = value(start, ends[13]) {
         headers.insert(RETAINED_RATIO, ratio);
     }
     headers.insert(
