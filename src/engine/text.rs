@@ -8,7 +8,7 @@
 use std::hash::Hasher;
 
 use hashbrown::HashTable;
-use rustc_hash::FxHasher;
+use rustc_hash::{FxHashMap, FxHasher};
 
 /// Number of Unicode scalar values in `text`.
 pub fn char_count(text: &str) -> usize {
@@ -30,6 +30,11 @@ pub fn char_prefix(text: &str, n: usize) -> &str {
 /// hashed by their text: one allocation per growth, not two per new word.
 #[derive(Default)]
 pub struct Vocabulary {
+    /// Words of up to 8 bytes (most words), by their bytes packed in a
+    /// u64: alphanumeric text has no NUL, so the zero padding is
+    /// unambiguous and a lookup is one integer compare.
+    short: FxHashMap<u64, u32>,
+    /// Longer words, by the hash of their text.
     table: HashTable<u32>,
     /// Every word, end to end.
     text: String,
@@ -64,12 +69,20 @@ impl Vocabulary {
     }
 
     fn intern(&mut self, word: &str) -> u32 {
+        if word.len() <= 8 {
+            let mut packed = [0u8; 8];
+            packed[..word.len()].copy_from_slice(word.as_bytes());
+            let key = u64::from_le_bytes(packed);
+            if let Some(&id) = self.short.get(&key) {
+                return id;
+            }
+            let id = self.push(word);
+            self.short.insert(key, id);
+            return id;
+        }
         let hash = hash_word(word);
         let Vocabulary {
-            table,
-            text,
-            spans,
-            word_chars,
+            table, text, spans, ..
         } = self;
         let at = |id: u32| {
             let (start, end) = spans[id as usize];
@@ -78,17 +91,26 @@ impl Vocabulary {
         if let Some(&id) = table.find(hash, |&id| at(id) == word) {
             return id;
         }
-        let id = spans.len() as u32;
-        let start = text.len();
-        text.push_str(word);
-        // Bodies are capped far below 4 GiB, so spans fit in u32.
-        spans.push((start as u32, text.len() as u32));
-        word_chars.push(char_count(word) as u32);
+        let id = self.push(word);
+        let Vocabulary {
+            table, text, spans, ..
+        } = self;
         let (text, spans) = (&*text, &*spans);
         table.insert_unique(hash, id, |&id| {
             let (start, end) = spans[id as usize];
             hash_word(&text[start as usize..end as usize])
         });
+        id
+    }
+
+    /// Keeps a new word; returns its id.
+    fn push(&mut self, word: &str) -> u32 {
+        let id = self.spans.len() as u32;
+        let start = self.text.len();
+        self.text.push_str(word);
+        // Bodies are capped far below 4 GiB, so spans fit in u32.
+        self.spans.push((start as u32, self.text.len() as u32));
+        self.word_chars.push(char_count(word) as u32);
         id
     }
 
@@ -191,7 +213,7 @@ impl WordSets {
         if self.seen_in.len() < vocabulary_len {
             self.seen_in.resize(vocabulary_len, 0);
         }
-        let mut set = Vec::new();
+        let mut set = Vec::with_capacity(ids.len());
         for &id in ids {
             let seen = &mut self.seen_in[id as usize];
             if *seen != self.message {
