@@ -285,6 +285,7 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
         );
         let state = AppState::new(runtime);
         tokio::spawn(reload_on_sighup(state.clone(), args, overrides));
+        tokio::spawn(crate::memory::return_freed_periodically());
         proxy::server::serve_on(listener, state, shutdown_signal(), workers).await;
         Ok(ExitCode::SUCCESS)
     })

@@ -26,6 +26,7 @@ pub mod error;
 pub mod explain;
 pub mod format;
 pub mod log_buffer;
+pub mod memory;
 pub mod memory_compact;
 pub mod metrics;
 pub mod outcome;
