@@ -22,6 +22,9 @@ use crate::config::{
 use crate::engine::Policy;
 use crate::format::Format;
 
+/// More worker threads than this would be a typo, not a machine.
+pub const MAX_WORKERS: usize = 1024;
+
 /// Label used for tenants that are not configured (bounded metric labels).
 pub const OTHER_TENANT: &str = "other";
 
@@ -267,6 +270,12 @@ impl Runtime {
         }
         if config.server.max_messages == 0 {
             problem("server.max_messages".into(), "must be at least 1".into());
+        }
+        if config.server.workers > MAX_WORKERS {
+            problem(
+                "server.workers".into(),
+                format!("must be at most {MAX_WORKERS} (0: one per core)"),
+            );
         }
         if config.server.max_connections == 0 {
             problem("server.max_connections".into(), "must be at least 1".into());
@@ -779,6 +788,14 @@ mod tests {
             ],
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_worker_count_beyond_any_machine_is_a_problem() {
+        assert!(runtime("[server]\nworkers = 4").is_ok());
+        let err = runtime("[server]\nworkers = 100000").unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["server.workers"], "{err}");
     }
 
     #[test]
