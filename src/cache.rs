@@ -140,6 +140,9 @@ impl AnalysisStore {
             Cache::builder()
                 .max_capacity(max_bytes)
                 .weigher(|_, a: &CachedAnalysis| a.weight())
+                // A history entry is read once, by its conversation's next
+                // turn: frequency-based admission would turn most away.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .build()
         });
         AnalysisStore { analyses }
