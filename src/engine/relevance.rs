@@ -91,10 +91,9 @@ pub fn analyze_cached(
     let mut length = vec![0u32; messages.len()];
     let mut df = vec![0u32; terms];
     let mut documents = 0usize;
-    let analyses = analyses_of(messages, cache);
-    for (i, analysis) in analyses.iter().enumerate() {
+    analyses_of(messages, cache).for_each(|i, analysis| {
         if Some(i) == query_index {
-            continue;
+            return;
         }
         documents += 1;
         let counts = &mut tf[i * terms..(i + 1) * terms];
@@ -103,7 +102,7 @@ pub fn analyze_cached(
         for (d, &c) in df.iter_mut().zip(counts.iter()) {
             *d += u32::from(c > 0);
         }
-    }
+    });
     let total_length: u64 = length.iter().map(|&l| u64::from(l)).sum();
     let average_length = if documents == 0 {
         1.0
@@ -184,7 +183,76 @@ pub enum CachedAnalysis {
     /// The analyses of a history's first messages, keyed by
     /// [`history_keys`]: a new turn of a conversation finds its previous
     /// turn's with one lookup instead of one per message.
-    History(Arc<[Arc<Analysis>]>),
+    History(Arc<History>),
+}
+
+/// The analyses of a history's first [`History::len`] messages: the
+/// previous turn's history and this turn's own analyses, so a turn adds
+/// its few messages without copying the list.
+#[derive(Debug, PartialEq)]
+pub struct History {
+    earlier: Option<Arc<History>>,
+    own: Vec<Arc<Analysis>>,
+    len: usize,
+    /// Links to the first node: capped at [`MAX_HISTORY_DEPTH`], so
+    /// walking and dropping a chain stay short.
+    depth: usize,
+    /// What the whole chain holds, for a cache's weigher.
+    weight: u32,
+}
+
+/// How long a chain of histories grows before a turn copies it flat.
+const MAX_HISTORY_DEPTH: usize = 32;
+
+impl History {
+    /// `earlier` followed by `own`.
+    pub fn new(earlier: Option<Arc<History>>, own: Vec<Arc<Analysis>>) -> History {
+        match earlier {
+            Some(e) if e.depth >= MAX_HISTORY_DEPTH => {
+                let mut all: Vec<Arc<Analysis>> = Vec::with_capacity(e.len + own.len());
+                e.for_each(|a| all.push(a.clone()));
+                all.extend(own);
+                History::new(None, all)
+            }
+            earlier => {
+                let own_weight = own.iter().fold(
+                    u32::try_from(64 + 8 * own.len()).unwrap_or(u32::MAX),
+                    |w, a| w.saturating_add(a.weight()),
+                );
+                History {
+                    len: earlier.as_ref().map_or(0, |e| e.len) + own.len(),
+                    depth: earlier.as_ref().map_or(0, |e| e.depth + 1),
+                    weight: earlier
+                        .as_ref()
+                        .map_or(own_weight, |e| e.weight.saturating_add(own_weight)),
+                    earlier,
+                    own,
+                }
+            }
+        }
+    }
+
+    /// How many messages' analyses it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Calls `f` with each analysis, in message order.
+    pub fn for_each<'a>(&'a self, mut f: impl FnMut(&'a Arc<Analysis>)) {
+        let mut nodes: Vec<&History> = Vec::with_capacity(self.depth + 1);
+        let mut node = Some(self);
+        while let Some(n) = node {
+            nodes.push(n);
+            node = n.earlier.as_deref();
+        }
+        for n in nodes.into_iter().rev() {
+            n.own.iter().for_each(&mut f);
+        }
+    }
 }
 
 impl CachedAnalysis {
@@ -194,10 +262,7 @@ impl CachedAnalysis {
     pub fn weight(&self) -> u32 {
         match self {
             CachedAnalysis::Message(a) => a.weight(),
-            CachedAnalysis::History(h) => h.iter().fold(
-                u32::try_from(64 + 8 * h.len()).unwrap_or(u32::MAX),
-                |w, a| w.saturating_add(a.weight()),
-            ),
+            CachedAnalysis::History(h) => h.weight,
         }
     }
 }
@@ -263,31 +328,57 @@ pub fn term_id(term: &str) -> u64 {
 /// results, the new question).
 const HISTORY_PROBES: usize = 16;
 
+/// The analyses of a request's messages: an earlier turn's history from
+/// the cache, then the rest.
+struct Analyses {
+    earlier: Option<Arc<History>>,
+    rest: Vec<Arc<Analysis>>,
+}
+
+impl Analyses {
+    /// Calls `f` with each message's index and analysis, in order.
+    fn for_each(&self, mut f: impl FnMut(usize, &Analysis)) {
+        let mut i = 0;
+        if let Some(earlier) = &self.earlier {
+            earlier.for_each(|a| {
+                f(i, a);
+                i += 1;
+            });
+        }
+        for a in &self.rest {
+            f(i, a);
+            i += 1;
+        }
+    }
+}
+
 /// The analysis of each message, from `cache` where it has them.
-fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Vec<Arc<Analysis>> {
+fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Analyses {
     let mut analyzer = Analyzer::default();
     if !cache.enabled() {
-        return messages
-            .iter()
-            .map(|m| Arc::new(analyzer.analyze(&m.content)))
-            .collect();
+        return Analyses {
+            earlier: None,
+            rest: messages
+                .iter()
+                .map(|m| Arc::new(analyzer.analyze(&m.content)))
+                .collect(),
+        };
     }
     let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
     let prefixes = history_keys(&keys);
-    let mut analyses: Vec<Arc<Analysis>> = Vec::with_capacity(messages.len());
+    let mut earlier = None;
     for k in (messages.len().saturating_sub(HISTORY_PROBES)..messages.len()).rev() {
         if let Some(CachedAnalysis::History(found)) = cache.get(prefixes[k]) {
             // A hash collision must not panic: the length must fit.
             if found.len() == k + 1 {
-                analyses.extend(found.iter().cloned());
+                earlier = Some(found);
                 break;
             }
         }
     }
-    if analyses.len() == messages.len() {
-        return analyses;
-    }
-    for (m, &key) in messages.iter().zip(&keys).skip(analyses.len()) {
+    let done = earlier.as_ref().map_or(0, |e| e.len());
+    let mut rest = Vec::with_capacity(messages.len() - done);
+    for (m, &key) in messages.iter().zip(&keys).skip(done) {
         let analysis = match cache.get(key) {
             Some(CachedAnalysis::Message(found)) => found,
             _ => {
@@ -296,12 +387,13 @@ fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Vec<Arc<Analy
                 fresh
             }
         };
-        analyses.push(analysis);
+        rest.push(analysis);
     }
-    if let Some(&last) = prefixes.last() {
-        cache.put(last, CachedAnalysis::History(analyses.as_slice().into()));
+    if let (Some(&last), false) = (prefixes.last(), rest.is_empty()) {
+        let history = History::new(earlier.clone(), rest.clone());
+        cache.put(last, CachedAnalysis::History(Arc::new(history)));
     }
-    analyses
+    Analyses { earlier, rest }
 }
 
 /// Analyses texts one after another, remembering what each raw term
@@ -961,15 +1053,45 @@ mod tests {
     }
 
     #[test]
+    fn a_long_conversation_chains_then_flattens_its_histories() {
+        let cache = Recording::default();
+        let mut messages = history(3);
+        for turn in 0..(MAX_HISTORY_DEPTH * 2 + 3) {
+            messages.push(assistant(&format!("answer {turn}: host {}", turn * 3)));
+            messages.push(user(&format!("and host {turn}?")));
+            assert_eq!(
+                analyze_cached(&messages, None, &cache),
+                analyze(&messages, None)
+            );
+        }
+        let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
+        let last = *history_keys(&keys).last().unwrap();
+        let Some(CachedAnalysis::History(h)) = cache.get(last) else {
+            panic!("the last turn's history is cached");
+        };
+        assert_eq!(h.len(), messages.len());
+        assert!(h.depth <= MAX_HISTORY_DEPTH);
+        let mut seen = Vec::new();
+        h.for_each(|a| seen.push((**a).clone()));
+        let expected: Vec<Analysis> = messages.iter().map(|m| Analysis::of(&m.content)).collect();
+        assert_eq!(seen, expected);
+        // Each turn analysed only its two new messages.
+        assert_eq!(
+            cache.analysed.load(std::sync::atomic::Ordering::Relaxed),
+            messages.len()
+        );
+    }
+
+    #[test]
     fn a_colliding_history_entry_is_not_trusted() {
         let messages = history(5);
         let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
         let cache = Recording::default();
         // A history of the wrong length under the full history's key.
-        let wrong: Arc<[Arc<Analysis>]> = vec![Arc::new(Analysis::of("unrelated"))].into();
+        let wrong = History::new(None, vec![Arc::new(Analysis::of("unrelated"))]);
         cache.put(
             *history_keys(&keys).last().unwrap(),
-            CachedAnalysis::History(wrong),
+            CachedAnalysis::History(Arc::new(wrong)),
         );
         assert_eq!(
             analyze_cached(&messages, None, &cache),
