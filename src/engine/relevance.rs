@@ -777,7 +777,7 @@ fn alnum_run_end(bytes: &[u8], mut i: usize) -> usize {
         if x & HIGH != 0 {
             break;
         }
-        let alnum = in_range(x, b'0', b'9') | in_range(x | ONES * 0x20, b'a', b'z');
+        let alnum = in_range(x, b'0', b'9') | in_range(x | (ONES * 0x20), b'a', b'z');
         if alnum == HIGH {
             i += 8;
             continue;
