@@ -23,9 +23,16 @@
 //!   score of any document, so it lies in [0, 1] and the most relevant
 //!   message has 1. No query term in any document: every relevance is 0.
 //!
+//! - **Analyses**: each message is first reduced to an [`Analysis`], its
+//!   length and the count of each distinct term (by a 64-bit [`term_id`]),
+//!   whatever the query; BM25 then reads the query's terms from those. An
+//!   [`AnalysisCache`] the caller passes keeps analyses between requests, by
+//!   a hash of each message's text and of each history, so a new turn of a
+//!   conversation analyses only its new messages.
+//!
 //! Everything is computed in input order over sorted or index-keyed
 //! structures: the same messages and goal give the same numbers, bit for
-//! bit. Pure: no I/O.
+//! bit, with any cache or none. Pure: no I/O; a cache is the caller's.
 
 use std::sync::Arc;
 
@@ -698,7 +705,7 @@ static CLASS: [u8; 256] = {
 ///
 /// Walks bytes by a class table: ASCII, nearly all of a chat, is classified
 /// by byte, and only a non-ASCII character is decoded to ask
-/// `char::is_alphanumeric`. This scan is most of relevance's cost.
+/// `char::is_alphanumeric`. This scan is most of a cold analysis's cost.
 fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
     let bytes = text.as_bytes();
     let n = bytes.len();
