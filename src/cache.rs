@@ -185,6 +185,12 @@ impl AnalysisCache for AnalysisStore {
             analyses.insert(key, value);
         }
     }
+
+    fn remove(&self, key: u128) {
+        if let Some(analyses) = &self.analyses {
+            analyses.invalidate(&key);
+        }
+    }
 }
 
 #[cfg(test)]

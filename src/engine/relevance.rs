@@ -283,6 +283,9 @@ pub trait AnalysisCache {
     }
     fn get(&self, key: u128) -> Option<CachedAnalysis>;
     fn put(&self, key: u128, value: CachedAnalysis);
+    /// Drops an entry: the previous turn's history, once the new turn's
+    /// links to it, so the bound does not count it twice.
+    fn remove(&self, _key: u128) {}
 }
 
 /// No cache: every message is analysed on every request.
@@ -374,11 +377,13 @@ fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Analyses {
     let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
     let prefixes = history_keys(&keys);
     let mut earlier = None;
+    let mut earlier_key = None;
     for k in (messages.len().saturating_sub(HISTORY_PROBES)..messages.len()).rev() {
         if let Some(CachedAnalysis::History(found)) = cache.get(prefixes[k]) {
             // A hash collision must not panic: the length must fit.
             if found.len() == k + 1 {
                 earlier = Some(found);
+                earlier_key = Some(prefixes[k]);
                 break;
             }
         }
@@ -399,6 +404,11 @@ fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Analyses {
     if let (Some(&last), false) = (prefixes.last(), rest.is_empty()) {
         let history = History::new(earlier.clone(), rest.clone());
         cache.put(last, CachedAnalysis::History(Arc::new(history)));
+        // The new history holds the earlier one and weighs it too. A retry
+        // of that earlier turn still finds every message's analysis.
+        if let Some(key) = earlier_key {
+            cache.remove(key);
+        }
     }
     Analyses { earlier, rest }
 }
@@ -1016,6 +1026,9 @@ mod tests {
             }
             self.entries.lock().unwrap().insert(key, value);
         }
+        fn remove(&self, key: u128) {
+            self.entries.lock().unwrap().remove(&key);
+        }
     }
 
     fn history(turns: usize) -> Vec<Message> {
@@ -1051,6 +1064,14 @@ mod tests {
             "only the two new messages are analysed"
         );
         assert_ne!(warm.relevance[..31], cold.relevance[..31]);
+        let histories = |cache: &Recording| {
+            let entries = cache.entries.lock().unwrap();
+            entries
+                .values()
+                .filter(|e| matches!(e, CachedAnalysis::History(_)))
+                .count()
+        };
+        assert_eq!(histories(&cache), 1, "the earlier turn's history went");
 
         // A history edited in its middle still finds its unchanged messages.
         messages[3].content.push_str(" (rolled back)");
