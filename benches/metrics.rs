@@ -34,6 +34,7 @@ fn event() -> RequestEvent {
             deduped_tool_chars: 0,
             input_tokens: None,
             output_tokens: None,
+            budget_tokens: None,
         }),
         compaction_seconds: Some(0.002),
         upstream_status: Some(200),

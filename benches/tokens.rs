@@ -1,6 +1,8 @@
 //! Token counting speed on the 150-turn agent fixture (about 260 KB of
-//! text): cold (every text counted by the BPE) and warm (a repeated turn,
-//! every text's count from the per-text cache).
+//! text): cold (every text counted by the BPE, no piece seen before), cold
+//! text whose pieces were seen before (a new history in a running
+//! process), and warm (a repeated turn, every text's count from the
+//! per-text cache).
 //!
 //! Run: `cargo bench --bench tokens -- --warm-up-time 1 --measurement-time 3`
 
@@ -32,6 +34,48 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("tokens");
     group.throughput(Throughput::Bytes(bytes as u64));
     group.bench_function("cold (uncached BPE)", |b| {
+        b.iter(|| {
+            // Every piece unseen, as for a history counted the first time.
+            Encoding::forget_pieces();
+            conversation
+                .items
+                .iter()
+                .map(|i| {
+                    Encoding::O200kBase.count(&i.text)
+                        + i.tool_calls
+                            .iter()
+                            .map(|c| Encoding::O200kBase.count(&c.arguments))
+                            .sum::<usize>()
+                })
+                .sum::<usize>()
+        })
+    });
+    // The same texts through the counters this one replaced or builds on,
+    // for a comparison within one run (the machine's load varies).
+    let texts: Vec<&str> = conversation
+        .items
+        .iter()
+        .flat_map(|i| {
+            std::iter::once(i.text.as_str())
+                .chain(i.tool_calls.iter().map(|c| c.arguments.as_str()))
+        })
+        .collect();
+    group.bench_function("baseline: tiktoken-rs encode_ordinary", |b| {
+        let bpe = tiktoken_rs::o200k_base_singleton();
+        b.iter(|| {
+            texts
+                .iter()
+                .map(|t| bpe.encode_ordinary(t).len())
+                .sum::<usize>()
+        })
+    });
+    group.bench_function("baseline: bpe-openai count, no piece table", |b| {
+        let tokenizer = bpe_openai::o200k_base();
+        b.iter(|| texts.iter().map(|t| tokenizer.count(*t)).sum::<usize>())
+    });
+    // A new history in a process that has counted others: its texts are
+    // uncached, its words and numbers are not new.
+    group.bench_function("cold text, pieces seen before", |b| {
         b.iter(|| {
             conversation
                 .items

@@ -13,6 +13,7 @@ use crate::config::{self, ConfigErrors, LogFormat, Overrides};
 use crate::memory_compact;
 use crate::outcome::Status;
 use crate::policy::Runtime;
+use crate::proxy::workers::{self, Workers};
 use crate::proxy::{self, AppState};
 
 #[derive(Debug, Parser)]
@@ -242,9 +243,15 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
         }
     };
     init_logging(runtime.config.server.log_format);
-    let tokio = tokio::runtime::Builder::new_multi_thread()
+    // This runtime accepts, reloads and handles signals; connections are
+    // served on the per-core workers.
+    let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let pool = Workers::Pool(workers::Pool::start(workers::count_for(
+        runtime.config.server.workers,
+    ))?);
+    let workers = &pool;
     tokio.block_on(async move {
         let listener = match tokio::net::TcpListener::bind(runtime.listen).await {
             Ok(listener) => listener,
@@ -278,7 +285,7 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
         );
         let state = AppState::new(runtime);
         tokio::spawn(reload_on_sighup(state.clone(), args, overrides));
-        proxy::server::serve(listener, state, shutdown_signal()).await;
+        proxy::server::serve_on(listener, state, shutdown_signal(), workers).await;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -292,7 +299,7 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(crate::log_buffer::Stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -426,6 +433,7 @@ pub fn reload(
             "server.max_connections",
             new.server.max_connections != old.server.max_connections,
         ),
+        ("server.workers", new.server.workers != old.server.workers),
     ];
     for (key, changed) in restart_only {
         if changed {

@@ -69,6 +69,9 @@ pub struct ServerConfig {
     /// Request bytes held in memory across all requests being collected
     /// and forwarded; past it new bodies get 503 with Retry-After.
     pub max_buffered_bytes: usize,
+    /// Threads serving connections, each a single-threaded runtime that a
+    /// connection stays on (0: one per core). Restart only.
+    pub workers: usize,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +88,7 @@ impl Default for ServerConfig {
             keep_alive_timeout_secs: 15.0,
             max_connections: 1024,
             max_buffered_bytes: 256 * 1024 * 1024,
+            workers: 0,
         }
     }
 }
@@ -157,6 +161,19 @@ pub enum Mode {
     /// Keep the forwarded prefix stable across turns, so prompt caching
     /// keeps working ([`crate::compaction::stable`]).
     Stable,
+}
+
+/// Where a policy's token budget comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetMode {
+    /// `budget_chars`, and `budget_tokens` when set.
+    #[default]
+    Fixed,
+    /// Per request: the model's context window (`context_windows`, then
+    /// the built-in table) minus the requested output tokens and
+    /// `reserve_tokens` ([`crate::compaction::budget`]).
+    Auto,
 }
 
 /// How a policy scores drop candidates.
@@ -260,6 +277,22 @@ pub struct PolicyConfig {
     /// The encoding for models the token table does not know.
     #[serde(default = "default_tokenizer_fallback")]
     pub tokenizer_fallback: String,
+    /// `"auto"`: the token budget is the model's context window minus the
+    /// requested output and `reserve_tokens` (exact mode).
+    #[serde(default)]
+    pub budget: BudgetMode,
+    /// `budget = "auto"`: tokens kept free beside the requested output.
+    #[serde(default = "default_reserve_tokens")]
+    pub reserve_tokens: usize,
+    /// `budget = "auto"`: context windows (tokens) by model-name prefix,
+    /// before the built-in table.
+    #[serde(default)]
+    pub context_windows: BTreeMap<String, usize>,
+}
+
+fn default_reserve_tokens() -> usize {
+    // Seed 002's `reserved`: room for the model's own overhead.
+    20_000
 }
 
 fn default_tokenizer_fallback() -> String {
@@ -323,6 +356,9 @@ impl Default for PolicyConfig {
             trigger_tokens: 0,
             budget_tokens: 0,
             tokenizer_fallback: default_tokenizer_fallback(),
+            budget: BudgetMode::Fixed,
+            reserve_tokens: default_reserve_tokens(),
+            context_windows: BTreeMap::new(),
         }
     }
 }

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use moka::sync::Cache;
 use serde::Serialize;
 
+use crate::compaction::agent::{CallDecision, UnitDecision};
 use crate::engine::{Cut, ProtectedBecause, Report, Role};
 use crate::format::{Format, Skip};
 use crate::policy::CompiledPolicy;
@@ -40,6 +41,13 @@ pub struct MessageFate {
     pub original_chars: usize,
     /// Chars forwarded (0 when dropped).
     pub chars: usize,
+    /// A tool result: ReMe's decision for the call it answers (`keep`,
+    /// `drop_result`, `drop_call`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<UnitDecision>,
+    /// A message making tool calls: each call's decision.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<CallDecision>,
 }
 
 /// What `compaction-proxy compact --report` prints for a chat body.
@@ -103,6 +111,8 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
             reason,
             original_chars: kept.original_chars,
             chars: kept.chars,
+            decision: None,
+            tool_calls: Vec::new(),
         });
     }
     for dup in &report.stages.dedupe.removed {
@@ -118,6 +128,8 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                 ),
                 original_chars: dup.chars,
                 chars: 0,
+                decision: None,
+                tool_calls: Vec::new(),
             });
         }
     }
@@ -143,6 +155,8 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                 ),
                 original_chars: original,
                 chars: 0,
+                decision: None,
+                tool_calls: Vec::new(),
             });
         }
     }
@@ -163,19 +177,56 @@ pub fn report_for<'a>(
 ) -> Result<RequestReport<'a>, Skip> {
     let checkpoints = crate::compaction::stable::NoCheckpoints;
     let parsed = format.parse(input, max_messages)?;
-    let outcome =
-        crate::proxy::compact::outcome_of(input, policy, format, max_messages, &checkpoints)?;
+    // The proxy's own compaction (crate::proxy::compact::outcome_of).
+    let compacted = crate::compaction::compact(&parsed, policy, &checkpoints);
     let conversation = &parsed.conversation;
+    let decisions = crate::compaction::agent::call_decisions(conversation, compacted.plan.as_ref());
+    let outcome = crate::outcome::Outcome {
+        loss: compacted.loss,
+        rewritten: compacted
+            .plan
+            .as_ref()
+            .map(|plan| Bytes::from(parsed.splice(plan))),
+        stable: compacted.stable,
+    };
     let messages = crate::compaction::engine_messages(conversation, policy);
     let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();
-    // The engine's report over what the agent passes left, as the proxy ran it.
-    let (_, _, report) = crate::compaction::run_passes(&parsed, policy);
+    // The engine's report over what the agent passes left, as the proxy ran
+    // it: at the char budget its last round used (a token budget scales it).
+    let mut at_budget = policy.clone();
+    at_budget.engine.budget_chars = compacted.budget_chars;
+    let (_, _, report) = crate::compaction::run_passes(&parsed, &at_budget);
+    let mut lines = fates(&report, &roles);
+    attach_decisions(&mut lines, decisions);
     Ok(RequestReport {
         policy: name,
         status: crate::proxy::compact::status_of(policy, &outcome).header(),
         loss: outcome.loss,
-        messages: fates(&report, &roles),
+        messages: lines,
     })
+}
+
+/// Puts each call's decision on the line of the message making it, and on
+/// the lines of its results.
+fn attach_decisions(lines: &mut [MessageFate], decisions: Vec<CallDecision>) {
+    let mut by_index: Vec<Option<usize>> = Vec::new();
+    for (pos, line) in lines.iter().enumerate() {
+        if by_index.len() <= line.index {
+            by_index.resize(line.index + 1, None);
+        }
+        by_index[line.index] = Some(pos);
+    }
+    let line_of = |i: usize| by_index.get(i).copied().flatten();
+    for call in decisions {
+        for &r in &call.results {
+            if let Some(pos) = line_of(r) {
+                lines[pos].decision = Some(call.decision);
+            }
+        }
+        if let Some(pos) = line_of(call.item) {
+            lines[pos].tool_calls.push(call);
+        }
+    }
 }
 
 /// How long a live report stays fetchable.

@@ -25,6 +25,7 @@ pub mod engine;
 pub mod error;
 pub mod explain;
 pub mod format;
+pub mod log_buffer;
 pub mod memory_compact;
 pub mod metrics;
 pub mod outcome;

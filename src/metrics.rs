@@ -5,7 +5,7 @@
 //! `policy` a configured policy name, `tenant` a configured tenant or
 //! `other`, `status` one of [`Status`], `code` an HTTP status code.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use prometheus::{
@@ -49,7 +49,7 @@ pub struct Metrics {
 }
 
 /// route -> policy -> tenant -> series; nested so a lookup borrows `&str`s.
-type SeriesMap = HashMap<String, HashMap<String, HashMap<String, Arc<Series>>>>;
+type SeriesMap = FxHashMap<String, FxHashMap<String, FxHashMap<String, Arc<Series>>>>;
 
 /// The series of one (route, policy, tenant), each created on first use so
 /// the exposition shows only label sets that occurred.
@@ -68,7 +68,16 @@ struct Series {
     compaction_duration: OnceLock<Histogram>,
     upstream_duration: OnceLock<Histogram>,
     upstream_first_byte: OnceLock<Histogram>,
+    /// By pass: pruned, clipped, deduped_tool ([`PASSES`]).
+    pass_chars: [OnceLock<IntCounter>; 3],
+    input_tokens: OnceLock<IntCounter>,
+    output_tokens: OnceLock<IntCounter>,
+    /// `upstream_responses{route, code}` for codes 100 to 599, by code - 100.
+    upstream_responses: Box<[OnceLock<IntCounter>]>,
 }
+
+/// The agent passes, as labelled in `pass_chars_total`.
+const PASSES: [&str; 3] = ["pruned", "clipped", "deduped_tool"];
 
 impl Series {
     fn new(route: &str, policy: &str, tenant: &str) -> Self {
@@ -87,6 +96,10 @@ impl Series {
             compaction_duration: OnceLock::new(),
             upstream_duration: OnceLock::new(),
             upstream_first_byte: OnceLock::new(),
+            pass_chars: Default::default(),
+            input_tokens: OnceLock::new(),
+            output_tokens: OnceLock::new(),
+            upstream_responses: (100..600).map(|_| OnceLock::new()).collect(),
         }
     }
 
@@ -282,7 +295,7 @@ impl Metrics {
                 LOSS_LABELS,
             ),
             config_reloads,
-            series: RwLock::new(HashMap::new()),
+            series: RwLock::new(FxHashMap::default()),
             registry,
         }
     }
@@ -464,25 +477,28 @@ impl RequestEvent {
             series
                 .loss(&series.trimmed_messages, &metrics.trimmed_messages)
                 .inc_by(loss.trimmed_messages as u64);
-            for (pass, chars) in [
-                ("pruned", loss.pruned_chars),
-                ("clipped", loss.clipped_chars),
-                ("deduped_tool", loss.deduped_tool_chars),
-            ] {
-                metrics
-                    .pass_chars
-                    .with_label_values(&[self.route.as_str(), policy, self.tenant.as_str(), pass])
-                    .inc_by(chars as u64);
+            let passes = [
+                loss.pruned_chars,
+                loss.clipped_chars,
+                loss.deduped_tool_chars,
+            ];
+            for ((cell, pass), chars) in series.pass_chars.iter().zip(PASSES).zip(passes) {
+                cell.get_or_init(|| {
+                    metrics.pass_chars.with_label_values(&[
+                        self.route.as_str(),
+                        policy,
+                        self.tenant.as_str(),
+                        pass,
+                    ])
+                })
+                .inc_by(chars as u64);
             }
             if let (Some(input), Some(output)) = (loss.input_tokens, loss.output_tokens) {
-                let labels = [self.route.as_str(), policy, self.tenant.as_str()];
-                metrics
-                    .input_tokens
-                    .with_label_values(&labels)
+                series
+                    .loss(&series.input_tokens, &metrics.input_tokens)
                     .inc_by(input as u64);
-                metrics
-                    .output_tokens
-                    .with_label_values(&labels)
+                series
+                    .loss(&series.output_tokens, &metrics.output_tokens)
                     .inc_by(output as u64);
             }
             // Created at 0 on the first request of a label set, so the series
@@ -531,10 +547,18 @@ impl RequestEvent {
                 .inc();
         }
         if let Some(code) = self.upstream_status {
-            metrics
+            let count = || {
+                metrics
+                    .upstream_responses
+                    .with_label_values(&[self.route.as_str(), code.to_string().as_str()])
+            };
+            match series
                 .upstream_responses
-                .with_label_values(&[self.route.as_str(), code.to_string().as_str()])
-                .inc();
+                .get(usize::from(code).wrapping_sub(100))
+            {
+                Some(cell) => cell.get_or_init(count).inc(),
+                None => count().inc(),
+            }
         }
         if let Some(seconds) = self.upstream_first_byte_seconds {
             series
@@ -555,11 +579,28 @@ impl RequestEvent {
         self.log();
     }
 
-    /// One line per request. It stays on at the default level (INFO): it is
-    /// the only per-request trace an operator has when a client reports a
-    /// failure, and `RUST_LOG=compaction_proxy::metrics=warn` turns the
-    /// ordinary ones off. It is kept cheap: no allocation for its fields,
-    /// durations rounded to microseconds, no colour off a terminal.
+    /// One line per request, at a level that says what happened:
+    /// - ERROR: the upstream or the proxy failed; WARN: a client's mistake
+    ///   refused by the proxy;
+    /// - INFO: the proxy changed the request (compacted, a dry run), could
+    ///   not compact it (skipped), or the client left;
+    /// - DEBUG: a request passed through untouched (unmatched, unchanged,
+    ///   bypassed, not a POST). At thousands of requests a second these
+    ///   lines cost as much CPU as the proxying and say nothing the metrics
+    ///   do not; `RUST_LOG=info,compaction_proxy::metrics=debug` shows them.
+    ///
+    /// Written without allocation for its fields, durations rounded to
+    /// microseconds, no colour off a terminal, buffered per worker
+    /// ([`crate::log_buffer`]).
+    /// Whether the request went upstream as it came, by rule: nothing to
+    /// report beyond the metrics.
+    fn passed_through(&self) -> bool {
+        matches!(
+            self.status,
+            None | Some(Status::Unchanged | Status::Bypassed | Status::Skipped("not-post"))
+        )
+    }
+
     fn log(&self) {
         let (chars_in, chars_out) = self.loss.map_or((None, None), |l| {
             (Some(l.input_chars), Some(l.output_chars))
@@ -592,6 +633,7 @@ impl RequestEvent {
         match &self.ending {
             Ending::Refused(_) if self.response_status < 500 => line!(warn),
             Ending::Refused(_) | Ending::UpstreamFailed(_) => line!(error),
+            Ending::Complete if self.passed_through() => line!(debug),
             Ending::Complete | Ending::ClientGone => line!(info),
         }
     }
@@ -633,6 +675,7 @@ mod tests {
             deduped_tool_chars: 0,
             input_tokens: Some(5),
             output_tokens: Some(3),
+            budget_tokens: None,
         }
     }
 

@@ -87,6 +87,9 @@ pub struct LossSummary {
     /// Tokens in and out, when the policy has a token budget.
     pub input_tokens: Option<usize>,
     pub output_tokens: Option<usize>,
+    /// The token budget the request was compacted to, when it had one
+    /// (`budget_tokens`, or derived by `budget = "auto"`).
+    pub budget_tokens: Option<usize>,
 }
 
 impl LossSummary {
@@ -107,6 +110,7 @@ impl LossSummary {
             deduped_tool_chars: 0,
             input_tokens: None,
             output_tokens: None,
+            budget_tokens: None,
         }
     }
 
@@ -134,6 +138,7 @@ impl LossSummary {
             deduped_tool_chars: 0,
             input_tokens: None,
             output_tokens: None,
+            budget_tokens: None,
         }
     }
 }

@@ -15,9 +15,10 @@ use rustls_pki_types::CertificateDer;
 
 use crate::cache::AnalysisStore;
 use crate::compaction::agent::AgentPolicy;
+use crate::compaction::budget::AutoBudget;
 use crate::compaction::tokens::Encoding;
 use crate::config::{
-    self, Config, ConfigErrors, ConfigProblem, Mode, Overrides, PolicyConfig, Scoring,
+    self, BudgetMode, Config, ConfigErrors, ConfigProblem, Mode, Overrides, PolicyConfig, Scoring,
 };
 use crate::engine::Policy;
 use crate::format::Format;
@@ -68,6 +69,9 @@ pub struct CompiledPolicy {
     /// one configuration (`cache.relevance_max_bytes`) and dropped with it
     /// on reload; a disabled store for a policy built outside a runtime.
     pub analyses: Arc<AnalysisStore>,
+    /// `budget = "auto"`: each request's token budget comes from its
+    /// model's context window (exact mode).
+    pub auto_budget: Option<AutoBudget>,
 }
 
 /// The most chars of a goal header that join the relevance query: a goal
@@ -99,6 +103,7 @@ impl CompiledPolicy {
             budget_tokens: None,
             tokenizer_fallback: Encoding::O200kBase,
             analyses: Arc::new(AnalysisStore::new(0)),
+            auto_budget: None,
         }
     }
 
@@ -135,6 +140,7 @@ impl CompiledPolicy {
             budget_tokens: self.budget_tokens,
             tokenizer_fallback: self.tokenizer_fallback,
             analyses: self.analyses.clone(),
+            auto_budget: self.auto_budget.clone(),
         }
     }
 }
@@ -572,6 +578,32 @@ fn compile_policy(
             "token budgets and triggers apply in exact mode only".to_owned(),
         ));
     }
+    if p.budget == BudgetMode::Auto && p.mode == Mode::Stable {
+        problems.push((
+            "budget".into(),
+            "\"auto\" is a token budget: it applies in exact mode only".to_owned(),
+        ));
+    }
+    if p.budget == BudgetMode::Fixed && !p.context_windows.is_empty() {
+        problems.push((
+            "context_windows".into(),
+            "has no effect unless budget = \"auto\"".to_owned(),
+        ));
+    }
+    for (model, &window) in &p.context_windows {
+        if model.is_empty() {
+            problems.push((
+                "context_windows".into(),
+                "a model-name prefix must not be empty".to_owned(),
+            ));
+        }
+        if window == 0 {
+            problems.push((
+                format!("context_windows.{model:?}"),
+                "must be at least 1 (tokens)".to_owned(),
+            ));
+        }
+    }
     for tool in &p.excluded_tools {
         if p.eligible_tools.contains(tool) {
             problems.push((
@@ -637,6 +669,14 @@ fn compile_policy(
             budget_tokens: (p.budget_tokens > 0).then_some(p.budget_tokens),
             tokenizer_fallback: tokenizer_fallback.unwrap_or(Encoding::O200kBase),
             analyses: analyses.clone(),
+            auto_budget: (p.budget == BudgetMode::Auto).then(|| AutoBudget {
+                windows: p
+                    .context_windows
+                    .iter()
+                    .map(|(model, &tokens)| (model.clone(), tokens))
+                    .collect(),
+                reserve_tokens: p.reserve_tokens,
+            }),
         }),
         _ => Err(problems),
     }
@@ -752,6 +792,66 @@ mod tests {
                 "routes[0].policy",
                 "tenants.policies.acme",
             ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn auto_budget_keys_are_checked_and_compiled() {
+        let rt = runtime(
+            "[policies.default]\nbudget = \"auto\"\nreserve_tokens = 1000\n[policies.default.context_windows]\n\"my-model\" = 32768",
+        )
+        .unwrap();
+        let policy = rt.policy("default").unwrap();
+        let auto = policy.auto_budget.as_ref().expect("auto budget compiled");
+        assert_eq!(auto.reserve_tokens, 1000);
+        assert_eq!(
+            auto.budget_tokens(Some("my-model-v2"), Some(768)),
+            Some(31_000)
+        );
+        assert!(runtime("")
+            .unwrap()
+            .policy("default")
+            .unwrap()
+            .auto_budget
+            .is_none());
+
+        let err = runtime(
+            "[policies.a]\nbudget = \"auto\"\nmode = \"stable\"\ncontext_windows = { \"m\" = 0, \"\" = 5 }\n[policies.b]\ncontext_windows = { \"m\" = 5 }",
+        )
+        .unwrap_err();
+        let problems: Vec<(&str, &str)> = err
+            .0
+            .iter()
+            .map(|p| (p.path.as_str(), p.message.as_str()))
+            .collect();
+        let has = |path: &str, words: &str| {
+            problems
+                .iter()
+                .any(|(p, m)| *p == path && m.contains(words))
+        };
+        assert!(has("policies.a.budget", "exact mode only"), "{err}");
+        assert!(
+            has("policies.a.context_windows.\"m\"", "at least 1"),
+            "{err}"
+        );
+        assert!(
+            has("policies.a.context_windows", "must not be empty"),
+            "{err}"
+        );
+        assert!(
+            has("policies.b.context_windows", "unless budget = \"auto\""),
+            "{err}"
+        );
+        // Type errors: an unknown mode, a window that is not a number.
+        let err = runtime(
+            "[policies.c]\nbudget = \"dynamic\"\n[policies.d]\nbudget = \"auto\"\ncontext_windows = { \"m\" = \"big\" }",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["policies.c.budget", "policies.d.context_windows.m"],
             "{err}"
         );
     }

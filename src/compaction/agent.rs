@@ -145,6 +145,9 @@ pub struct AgentEdits {
     pub texts: HashMap<usize, TextEdit>,
     /// New arguments by item, as (call position, JSON text).
     pub arguments: HashMap<usize, Vec<(usize, String)>>,
+    /// Items pruned result by result ([`Item::piece_chars`]): each piece's
+    /// new text, whose join is the item's `Pruned` text.
+    pub pieces: HashMap<usize, Vec<String>>,
 }
 
 impl AgentEdits {
@@ -156,7 +159,13 @@ impl AgentEdits {
     pub fn apply(&self, conversation: &Conversation) -> Conversation {
         let mut out = conversation.clone();
         for (&i, edit) in &self.texts {
-            out.items[i].text = edit.text().to_owned();
+            let item = &mut out.items[i];
+            item.text = edit.text().to_owned();
+            item.piece_chars = self
+                .pieces
+                .get(&i)
+                .map(|pieces| pieces.iter().map(|p| char_count(p)).collect())
+                .unwrap_or_default();
         }
         for (&i, args) in &self.arguments {
             let item = &mut out.items[i];
@@ -298,6 +307,165 @@ pub fn clip_arguments(arguments: &str, max: usize) -> Option<String> {
     Some(out)
 }
 
+/// ReMe's decision for one tool call (seed 004), derived from what the
+/// forwarded plan did to the call and its results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnitDecision {
+    /// The call and its whole results were forwarded.
+    Keep,
+    /// The call was forwarded; a result was shortened (pruned to head +
+    /// marker + tail, replaced by a same-output marker, or trimmed).
+    DropResult,
+    /// The call went, and its results with it (the unit was dropped).
+    DropCall,
+}
+
+/// One tool call's decision, for the report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CallDecision {
+    pub id: String,
+    pub name: String,
+    pub decision: UnitDecision,
+    /// String values in its arguments were clipped (`max_arg_chars`); the
+    /// decision is about its results.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub arguments_clipped: bool,
+    /// The item making the call.
+    #[serde(skip)]
+    pub item: usize,
+    /// The items answering it.
+    #[serde(skip)]
+    pub results: Vec<usize>,
+}
+
+/// Every tool call's decision under `plan` (`None`: everything forwarded
+/// as it came), in call order. A call's results are the items answering its
+/// id, as their `answers` or one of their `piece_answers` (Anthropic's
+/// tool_result blocks sharing a message: each call is judged by its own
+/// blocks when they were pruned one by one). A call no item names takes
+/// its unit's result items.
+pub fn call_decisions(
+    conversation: &Conversation,
+    plan: Option<&crate::format::Plan>,
+) -> Vec<CallDecision> {
+    let items = &conversation.items;
+    let mut planned: Vec<Option<&crate::format::Planned>> = vec![None; items.len()];
+    if let Some(plan) = plan {
+        for p in &plan.items {
+            if let Some(slot) = planned.get_mut(p.index) {
+                *slot = Some(p);
+            }
+        }
+    }
+    let forwarded = |i: usize| plan.is_none() || planned[i].is_some();
+    // Whether the part of result `r` answering `id` was shortened: its own
+    // pieces when they were cut one by one, else the whole text.
+    let shortened = |r: usize, id: &str| {
+        let Some(p) = planned[r].filter(|p| p.text.is_some()) else {
+            return false;
+        };
+        let item = &items[r];
+        match (&p.pieces, split_pieces(&item.text, &item.piece_chars)) {
+            (Some(new), Some(old))
+                if new.len() == old.len() && item.piece_answers.len() == old.len() =>
+            {
+                old.iter()
+                    .zip(new)
+                    .zip(&item.piece_answers)
+                    .any(|((old, new), answers)| answers == id && *old != new.as_str())
+            }
+            _ => true,
+        }
+    };
+    let mut answering: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let mut ids: Vec<&str> = item.answers.iter().map(String::as_str).collect();
+        for id in &item.piece_answers {
+            if !ids.contains(&id.as_str()) {
+                ids.push(id);
+            }
+        }
+        for id in ids {
+            answering.entry(id).or_default().push(i);
+        }
+    }
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        for (pos, call) in item.tool_calls.iter().enumerate() {
+            let results = match answering.get(call.id.as_str()) {
+                Some(found) => found.clone(),
+                None => (0..items.len())
+                    .filter(|&k| {
+                        k != i
+                            && item.group.is_some()
+                            && items[k].group == item.group
+                            && items[k].answers.is_some()
+                    })
+                    .collect(),
+            };
+            let decision = if !forwarded(i) {
+                UnitDecision::DropCall
+            } else if results
+                .iter()
+                .any(|&r| !forwarded(r) || shortened(r, &call.id))
+            {
+                UnitDecision::DropResult
+            } else {
+                UnitDecision::Keep
+            };
+            out.push(CallDecision {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                decision,
+                arguments_clipped: planned[i]
+                    .is_some_and(|p| p.arguments.iter().any(|(c, _)| *c == pos)),
+                item: i,
+                results,
+            });
+        }
+    }
+    out
+}
+
+/// `text` split into its pieces of `piece_chars` chars each, when it has
+/// several and they add up to it.
+fn split_pieces<'t>(text: &'t str, piece_chars: &[usize]) -> Option<Vec<&'t str>> {
+    if piece_chars.len() < 2 {
+        return None;
+    }
+    let mut pieces = Vec::with_capacity(piece_chars.len());
+    let mut rest = text;
+    for &chars in piece_chars {
+        let piece = char_prefix(rest, chars);
+        if char_count(piece) != chars {
+            return None;
+        }
+        pieces.push(piece);
+        rest = &rest[piece.len()..];
+    }
+    rest.is_empty().then_some(pieces)
+}
+
+/// The pieces of `pieces` cut where the prefix `new` of their join ends;
+/// `None` when `new` is not such a prefix.
+pub fn cut_pieces(pieces: &[String], new: &str) -> Option<Vec<String>> {
+    let mut left = new;
+    let mut out = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        if let Some(rest) = left.strip_prefix(piece.as_str()) {
+            out.push(piece.clone());
+            left = rest;
+        } else if piece.starts_with(left) {
+            out.push(left.to_owned());
+            left = "";
+        } else {
+            return None;
+        }
+    }
+    left.is_empty().then_some(out)
+}
+
 /// Items of `excluded_tools`' units: calls to an excluded tool and the
 /// results answering them. Not only the passes: the engine may drop such a
 /// unit whole but never cut its text.
@@ -320,8 +488,9 @@ pub fn excluded_items(conversation: &Conversation, policy: &AgentPolicy) -> Vec<
     for (i, item) in items.iter().enumerate() {
         if item
             .answers
-            .as_deref()
-            .is_some_and(|id| excluded_calls.contains(&id))
+            .iter()
+            .chain(&item.piece_answers)
+            .any(|id| excluded_calls.contains(&id.as_str()))
         {
             out[i] = true;
         }
@@ -382,8 +551,16 @@ pub fn run(
         .iter()
         .filter_map(|item| item.answers.as_deref())
         .collect();
-    let candidate =
-        |i: usize| i < window_start && is_result(i) && !pinned[i] && policy.touches(tool_of(i));
+    // Every call an item answers (several for results sharing a message)
+    // must be one the passes may touch.
+    let touched = |i: usize| {
+        policy.touches(tool_of(i))
+            && items[i]
+                .piece_answers
+                .iter()
+                .all(|id| policy.touches(calls.get(id.as_str()).map(|&(_, name)| name)))
+    };
+    let candidate = |i: usize| i < window_start && is_result(i) && !pinned[i] && touched(i);
 
     // 1. Tool dedupe: later near-duplicates of an earlier result.
     let mut referenced = vec![false; items.len()];
@@ -393,7 +570,9 @@ pub fn run(
         // Earlier results by tool: (item, word set).
         let mut earlier: HashMap<&str, Vec<(usize, Vec<u32>)>> = HashMap::new();
         for i in 0..window_start {
-            if !is_result(i) {
+            // Several results in one message are several outputs: one
+            // marker cannot stand for them (pruning cuts them one by one).
+            if !is_result(i) || items[i].piece_chars.len() > 1 {
                 continue;
             }
             let Some(tool) = tool_of(i) else { continue };
@@ -426,23 +605,39 @@ pub fn run(
 
     // 2. Prune: oldest first, when it saves enough.
     if total > budget && policy.max_tool_result_chars > 0 {
-        let pruned: Vec<(usize, String, usize)> = (0..window_start)
+        let pruned: Vec<(usize, String, usize, Option<Vec<String>>)> = (0..window_start)
             .filter(|&i| candidate(i) && !referenced[i] && !edits.texts.contains_key(&i))
             .filter_map(|i| {
                 let text = &items[i].text;
-                let new = head_and_tail(text, policy.max_tool_result_chars)?;
-                let saved = char_count(text) - char_count(&new);
-                Some((i, new, saved))
+                let (new, pieces) = match split_pieces(text, &items[i].piece_chars) {
+                    // Several results in one item: each is cut on its own.
+                    Some(pieces) => {
+                        let cut: Vec<String> = pieces
+                            .iter()
+                            .map(|p| {
+                                head_and_tail(p, policy.max_tool_result_chars)
+                                    .unwrap_or_else(|| (*p).to_owned())
+                            })
+                            .collect();
+                        (cut.concat(), Some(cut))
+                    }
+                    None => (head_and_tail(text, policy.max_tool_result_chars)?, None),
+                };
+                let saved = char_count(text).checked_sub(char_count(&new))?;
+                (saved > 0).then_some((i, new, saved, pieces))
             })
             .collect();
-        let prunable: usize = pruned.iter().map(|(_, _, saved)| saved).sum();
+        let prunable: usize = pruned.iter().map(|(_, _, saved, _)| saved).sum();
         if prunable >= policy.prune_minimum_chars.min(total - budget) {
-            for (i, new, saved) in pruned {
+            for (i, new, saved, pieces) in pruned {
                 if total <= budget {
                     break;
                 }
                 total -= saved;
                 edits.texts.insert(i, TextEdit::Pruned(new));
+                if let Some(pieces) = pieces {
+                    edits.pieces.insert(i, pieces);
+                }
             }
         }
     }
@@ -519,6 +714,155 @@ mod tests {
 
     fn run_all(c: &Conversation, budget: usize, p: &AgentPolicy) -> AgentEdits {
         run(c, &vec![false; c.items.len()], budget, p, &|_, _| true)
+    }
+
+    #[test]
+    fn decisions_follow_what_the_plan_forwards() {
+        use crate::format::{Plan, Planned};
+        let mut anthropic_like = call("call_x", "read_file", "{}");
+        anthropic_like.tool_calls.push(ToolCall {
+            id: "call_y".into(),
+            name: "grep".into(),
+            arguments: "{}".into(),
+        });
+        anthropic_like.group = Some(7);
+        // One item answers both calls, naming only the first.
+        let mut both = result("call_x", "two results in one message");
+        both.group = Some(7);
+        let c = conversation(vec![
+            Item::new(Role::User, "task"),
+            call("call_a", "read_file", "{}"),
+            result("call_a", "a"),
+            call("call_b", "grep", "{\"q\":\"long\"}"),
+            result("call_b", "b"),
+            call("call_c", "read_file", "{}"),
+            result("call_c", "c"),
+            anthropic_like,
+            both,
+        ]);
+        let decided = |plan: Option<&Plan>| -> Vec<(String, UnitDecision, bool)> {
+            call_decisions(&c, plan)
+                .into_iter()
+                .map(|d| (d.id, d.decision, d.arguments_clipped))
+                .collect()
+        };
+        // Nothing changed: every call is kept.
+        assert!(decided(None)
+            .iter()
+            .all(|(_, d, clipped)| *d == UnitDecision::Keep && !clipped));
+        let mut plan = Plan {
+            items: [0, 3, 4, 5, 6, 7, 8].map(Planned::verbatim).to_vec(),
+        };
+        plan.items[1].arguments = vec![(0, "{}".into())];
+        plan.items[4].text = Some("[same output as tool call call_a]".into());
+        plan.items[6].text = Some("two res[… 5 chars omitted …]".into());
+        let decisions = decided(Some(&plan));
+        use UnitDecision::*;
+        assert_eq!(
+            decisions,
+            [
+                ("call_a".to_owned(), DropCall, false),
+                ("call_b".to_owned(), Keep, true),
+                ("call_c".to_owned(), DropResult, false),
+                ("call_x".to_owned(), DropResult, false),
+                ("call_y".to_owned(), DropResult, false),
+            ]
+        );
+        let found = call_decisions(&c, Some(&plan));
+        assert_eq!((found[4].item, found[4].results.clone()), (7, vec![8]));
+    }
+
+    #[test]
+    fn pieces_split_by_chars_and_cut_where_a_prefix_ends() {
+        assert_eq!(
+            split_pieces("héllo wörld!", &[5, 6, 1]),
+            Some(vec!["héllo", " wörld", "!"])
+        );
+        assert_eq!(split_pieces("abc", &[3]), None, "one piece is no split");
+        assert_eq!(split_pieces("abc", &[1, 1]), None, "pieces must add up");
+        let pieces: Vec<String> = ["ab", "cd", "ef"].map(String::from).to_vec();
+        assert_eq!(
+            cut_pieces(&pieces, "abc"),
+            Some(vec!["ab".into(), "c".into(), String::new()])
+        );
+        assert_eq!(cut_pieces(&pieces, "abcdef"), Some(pieces.clone()));
+        assert_eq!(cut_pieces(&pieces, "abX"), None);
+    }
+
+    #[test]
+    fn several_results_in_one_item_are_pruned_one_by_one() {
+        let (a, b) = (numbered(100, "a"), numbered(100, "b"));
+        let mut both = result("call_1", &format!("{a}{b}"));
+        both.piece_chars = vec![char_count(&a), char_count(&b)];
+        let c = conversation(vec![
+            Item::new(Role::User, "task"),
+            call("call_1", "read_file", "{}"),
+            both,
+            Item::new(Role::User, "next"),
+        ]);
+        let p = AgentPolicy {
+            protect_tool_chars: 0,
+            ..policy()
+        };
+        let edits = run_all(&c, 100, &p);
+        let pieces = &edits.pieces[&2];
+        assert_eq!(pieces.len(), 2);
+        for (piece, original) in pieces.iter().zip([&a, &b]) {
+            assert_eq!(Some(piece.clone()), head_and_tail(original, 100));
+        }
+        assert_eq!(edits.texts[&2].text(), pieces.concat());
+        let applied = edits.apply(&c);
+        assert_eq!(
+            applied.items[2].piece_chars,
+            pieces.iter().map(|p| char_count(p)).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn results_sharing_a_message_are_judged_and_excluded_by_their_own_call() {
+        use crate::format::{Plan, Planned};
+        let mut calls = call("toolu_1", "read_file", "{}");
+        calls.tool_calls.push(ToolCall {
+            id: "toolu_2".into(),
+            name: "deploy".into(),
+            arguments: "{}".into(),
+        });
+        let (long, short) = (numbered(100, "a"), "ok".to_owned());
+        let mut shared = result("toolu_1", &format!("{long}{short}"));
+        shared.piece_chars = vec![char_count(&long), char_count(&short)];
+        shared.piece_answers = vec!["toolu_1".into(), "toolu_2".into()];
+        let c = conversation(vec![
+            Item::new(Role::User, "task"),
+            calls,
+            shared,
+            Item::new(Role::User, "next"),
+        ]);
+        // Pruned one by one: only the long block changed.
+        let cut = vec![head_and_tail(&long, 100).unwrap(), short.clone()];
+        let mut plan = Plan {
+            items: [0, 1, 2, 3].map(Planned::verbatim).to_vec(),
+        };
+        plan.items[2].text = Some(cut.concat());
+        plan.items[2].pieces = Some(cut);
+        let decisions: Vec<(String, UnitDecision)> = call_decisions(&c, Some(&plan))
+            .into_iter()
+            .map(|d| (d.id, d.decision))
+            .collect();
+        assert_eq!(
+            decisions,
+            [
+                ("toolu_1".to_owned(), UnitDecision::DropResult),
+                ("toolu_2".to_owned(), UnitDecision::Keep),
+            ]
+        );
+        // The second block answers an excluded tool: the message is its unit's.
+        let p = AgentPolicy {
+            protect_tool_chars: 0,
+            excluded_tools: vec!["deploy".into()],
+            ..policy()
+        };
+        assert_eq!(excluded_items(&c, &p), [false, true, true, false]);
+        assert!(run_all(&c, 50, &p).texts.is_empty(), "never cut");
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //! Pure: no I/O and no async, like the engine it drives.
 
 pub mod agent;
+pub mod budget;
 pub mod stable;
 pub mod tokens;
 
@@ -125,6 +126,7 @@ pub fn plan_of(report: &Report) -> Plan {
                 index: m.index,
                 text: (m.kept == Kept::Trimmed).then(|| m.content.clone()),
                 arguments: Vec::new(),
+                pieces: None,
             })
             .collect(),
     }
@@ -162,6 +164,9 @@ pub struct Compacted {
     /// Stable mode: leading forwarded items unchanged since the last
     /// re-compaction, and whether this turn's new items caused one.
     pub stable: Option<stable::StableInfo>,
+    /// The char budget the passes ran at: the policy's, or under a token
+    /// budget the last round's (the report re-runs the engine at it).
+    pub budget_chars: usize,
 }
 
 /// Compacts a parsed body under `policy`, in the policy's mode.
@@ -174,17 +179,38 @@ pub fn compact(
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
     let total = conversation.total_chars();
-    let needs_tokens = policy.budget_tokens.is_some() || policy.agent.trigger_tokens > 0;
+    let needs_tokens = policy.budget_tokens.is_some()
+        || policy.agent.trigger_tokens > 0
+        || policy.auto_budget.is_some();
+    let (model, max_output) = if needs_tokens {
+        parsed.request_limits()
+    } else {
+        (None, None)
+    };
     let encoding = needs_tokens
-        .then(|| tokens::Encoding::for_model(parsed.model().as_deref(), policy.tokenizer_fallback));
+        .then(|| tokens::Encoding::for_model(model.as_deref(), policy.tokenizer_fallback));
     let input_tokens = std::cell::OnceCell::new();
     let count_input =
         || *input_tokens.get_or_init(|| encoding.map_or(0, |e| e.conversation(conversation)));
     let triggered = policy.agent.triggered(conversation, count_input);
-    if let (Some(budget_tokens), Some(encoding), crate::config::Mode::Exact) =
-        (policy.budget_tokens, encoding, policy.mode)
+    // `budget = "auto"`: the model's window is the budget, in tokens alone.
+    // A model no table knows falls back to the fixed budgets.
+    let derived = policy
+        .auto_budget
+        .as_ref()
+        .and_then(|auto| auto.budget_tokens(model.as_deref(), max_output));
+    let token_budget = match derived {
+        Some(tokens) => Some((tokens, usize::MAX)),
+        None => policy.budget_tokens.map(|tokens| (tokens, budget)),
+    };
+    if let (Some((budget_tokens, budget_chars)), Some(encoding), crate::config::Mode::Exact) =
+        (token_budget, encoding, policy.mode)
     {
-        return compact_to_tokens(parsed, policy, encoding, budget_tokens, triggered);
+        let budgets = Budgets {
+            tokens: budget_tokens,
+            chars: budget_chars,
+        };
+        return compact_to_tokens(parsed, policy, encoding, budgets, triggered);
     }
     let mut edits = agent::AgentEdits::default();
     // Items the dedupe stage removed (exact mode; stable mode's replay
@@ -231,27 +257,43 @@ pub fn compact(
         },
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
-    Compacted { plan, loss, stable }
+    Compacted {
+        plan,
+        loss,
+        stable,
+        budget_chars: budget,
+    }
 }
 
-/// Exact mode under a token budget beside the char budget: the char
-/// pipeline runs at a char budget scaled by the conversation's chars per
-/// token, tightened until the forwarded tokens fit too (a few rounds).
+/// The budgets of a request compacted to tokens.
+#[derive(Debug, Clone, Copy)]
+struct Budgets {
+    tokens: usize,
+    /// `budget_chars`, or no limit (`usize::MAX`) when the token budget was
+    /// derived from the model's window and is the whole budget.
+    chars: usize,
+}
+
+/// Exact mode under a token budget (beside the char budget, or alone): the
+/// char pipeline runs at a char budget scaled by the conversation's chars
+/// per token, tightened until the forwarded tokens fit too (a few rounds).
 fn compact_to_tokens(
     parsed: &Parsed,
     policy: &CompiledPolicy,
     encoding: tokens::Encoding,
-    budget_tokens: usize,
+    budgets: Budgets,
     triggered: bool,
 ) -> Compacted {
     let conversation = &parsed.conversation;
     let total = conversation.total_chars();
-    let budget = policy.engine.budget_chars;
+    let budget = budgets.chars;
+    let budget_tokens = budgets.tokens;
     let input_tokens = encoding.conversation(conversation);
     let with_tokens = |mut loss: LossSummary, output_tokens: usize| {
         loss.budget_met = loss.budget_met && output_tokens <= budget_tokens;
         loss.input_tokens = Some(input_tokens);
         loss.output_tokens = Some(output_tokens);
+        loss.budget_tokens = Some(budget_tokens);
         loss
     };
     if (total <= budget && input_tokens <= budget_tokens) || !triggered {
@@ -260,6 +302,7 @@ fn compact_to_tokens(
             plan: None,
             loss: with_tokens(loss, input_tokens),
             stable: None,
+            budget_chars: budget,
         };
     }
     let scaled = |chars: usize, tokens: usize| {
@@ -299,6 +342,7 @@ fn compact_to_tokens(
             plan,
             loss: with_tokens(loss, output_tokens),
             stable: None,
+            budget_chars: chars_budget,
         });
         if done {
             break;
@@ -361,6 +405,10 @@ pub fn run_passes(
             p.text = None;
         } else if p.text.is_none() {
             p.text = edits.texts.get(&p.index).map(|e| e.text().to_owned());
+            p.pieces = edits.pieces.get(&p.index).cloned();
+        } else if let (Some(pieces), Some(text)) = (edits.pieces.get(&p.index), &p.text) {
+            // The engine cut a text pruned result by result further.
+            p.pieces = agent::cut_pieces(pieces, text);
         }
         if let Some(args) = edits.arguments.get(&p.index) {
             p.arguments = args.clone();
@@ -431,6 +479,7 @@ pub fn loss_with_passes(
         deduped_tool_chars: deduped,
         input_tokens: None,
         output_tokens: None,
+        budget_tokens: None,
     }
 }
 

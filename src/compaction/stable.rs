@@ -244,6 +244,8 @@ pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkp
                         .then(|| char_prefix(&edited, e.kept as usize).to_owned())
                         .filter(|t| *t != item.text),
                     arguments,
+                    // Stable mode spreads a pruned text as one text.
+                    pieces: None,
                 }
             })
             .collect(),

@@ -24,6 +24,7 @@ impl Scores {
         let mut buf = Vec::new();
         let mut counts: Vec<u32> = Vec::new();
         let mut word_sets = Vec::with_capacity(messages.len());
+        let mut sets = text::WordSets::new();
         for m in messages {
             buf.clear();
             vocab.words_of(&m.content, &mut buf);
@@ -31,7 +32,7 @@ impl Scores {
             for &id in &buf {
                 counts[id as usize] += 1;
             }
-            word_sets.push(text::word_set(&buf));
+            word_sets.push(sets.of(&buf, vocab.len()));
         }
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)

@@ -5,7 +5,10 @@
 //! `char::to_lowercase()`. Words are interned to dense ids per run so word
 //! sets are sorted `u32` vectors and set operations are linear merges.
 
-use rustc_hash::FxHashMap;
+use std::hash::Hasher;
+
+use hashbrown::HashTable;
+use rustc_hash::FxHasher;
 
 /// Number of Unicode scalar values in `text`.
 pub fn char_count(text: &str) -> usize {
@@ -22,76 +25,128 @@ pub fn char_prefix(text: &str, n: usize) -> &str {
     }
 }
 
-/// Interns lowercased words to dense ids for one engine run.
+/// Interns lowercased words to dense ids for one engine run. The words are
+/// kept once, end to end in one string, and found through a table of ids
+/// hashed by their text: one allocation per growth, not two per new word.
 #[derive(Default)]
 pub struct Vocabulary {
-    ids: FxHashMap<String, u32>,
-    words: Vec<String>,
+    table: HashTable<u32>,
+    /// Every word, end to end.
+    text: String,
+    /// Where each word lies in `text`.
+    spans: Vec<(u32, u32)>,
     /// Chars of each word, cached because topic terms filter on it.
-    word_chars: Vec<usize>,
+    word_chars: Vec<u32>,
+}
+
+fn hash_word(word: &str) -> u64 {
+    let mut hasher = FxHasher::default();
+    hasher.write(word.as_bytes());
+    hasher.finish()
 }
 
 impl Vocabulary {
     pub fn word(&self, id: u32) -> &str {
-        &self.words[id as usize]
+        let (start, end) = self.spans[id as usize];
+        &self.text[start as usize..end as usize]
     }
 
     pub fn word_chars(&self, id: u32) -> usize {
-        self.word_chars[id as usize]
+        self.word_chars[id as usize] as usize
     }
 
     pub fn len(&self) -> usize {
-        self.words.len()
+        self.spans.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
+        self.spans.is_empty()
     }
 
     fn intern(&mut self, word: &str) -> u32 {
-        if let Some(&id) = self.ids.get(word) {
+        let hash = hash_word(word);
+        let Vocabulary {
+            table,
+            text,
+            spans,
+            word_chars,
+        } = self;
+        let at = |id: u32| {
+            let (start, end) = spans[id as usize];
+            &text[start as usize..end as usize]
+        };
+        if let Some(&id) = table.find(hash, |&id| at(id) == word) {
             return id;
         }
-        let id = self.words.len() as u32;
-        self.ids.insert(word.to_owned(), id);
-        self.words.push(word.to_owned());
-        self.word_chars.push(char_count(word));
+        let id = spans.len() as u32;
+        let start = text.len();
+        text.push_str(word);
+        // Bodies are capped far below 4 GiB, so spans fit in u32.
+        spans.push((start as u32, text.len() as u32));
+        word_chars.push(char_count(word) as u32);
+        let (text, spans) = (&*text, &*spans);
+        table.insert_unique(hash, id, |&id| {
+            let (start, end) = spans[id as usize];
+            hash_word(&text[start as usize..end as usize])
+        });
         id
     }
 
     /// Appends the ids of the words of `text`, in order, to `out`.
     ///
     /// Each word is lowercased whole with `str::to_lowercase`, which knows
-    /// context (a word-final `Σ` becomes `ς`); ASCII words, the common case,
-    /// take a byte-wise path.
+    /// context (a word-final `Σ` becomes `ς`). ASCII, the common case, is
+    /// read byte by byte (an ASCII char is alphanumeric exactly when
+    /// `is_ascii_alphanumeric`), and an ASCII word without capitals is
+    /// interned as it stands.
     pub fn words_of(&mut self, text: &str, out: &mut Vec<u32>) {
+        let bytes = text.as_bytes();
         let mut buf = String::new();
-        let mut start = None;
-        for (at, c) in text.char_indices() {
-            match (c.is_alphanumeric(), start) {
-                (true, None) => start = Some(at),
-                (false, Some(from)) => {
-                    out.push(self.intern_lowercase(&text[from..at], &mut buf));
-                    start = None;
+        // The current word: where it starts, and whether it needs lowering.
+        let mut start: Option<usize> = None;
+        let (mut upper, mut non_ascii) = (false, false);
+        let mut at = 0;
+        while at < bytes.len() {
+            let b = bytes[at];
+            let (alphanumeric, width) = if b.is_ascii() {
+                (b.is_ascii_alphanumeric(), 1)
+            } else {
+                let c = text[at..].chars().next().unwrap_or(' ');
+                (c.is_alphanumeric(), c.len_utf8())
+            };
+            if alphanumeric {
+                if start.is_none() {
+                    start = Some(at);
+                    (upper, non_ascii) = (false, false);
                 }
-                _ => {}
+                upper |= b.is_ascii_uppercase();
+                non_ascii |= !b.is_ascii();
+            } else if let Some(from) = start.take() {
+                out.push(self.intern_lowercase(&text[from..at], upper, non_ascii, &mut buf));
             }
+            at += width;
         }
         if let Some(from) = start {
-            out.push(self.intern_lowercase(&text[from..], &mut buf));
+            out.push(self.intern_lowercase(&text[from..], upper, non_ascii, &mut buf));
         }
     }
 
-    fn intern_lowercase(&mut self, word: &str, buf: &mut String) -> u32 {
-        if word.bytes().all(|b| !b.is_ascii_uppercase()) && word.is_ascii() {
+    fn intern_lowercase(
+        &mut self,
+        word: &str,
+        upper: bool,
+        non_ascii: bool,
+        buf: &mut String,
+    ) -> u32 {
+        if non_ascii {
+            let lowered = word.to_lowercase();
+            return self.intern(&lowered);
+        }
+        if !upper {
             return self.intern(word);
         }
         buf.clear();
-        if word.is_ascii() {
-            buf.extend(word.bytes().map(|b| b.to_ascii_lowercase() as char));
-        } else {
-            buf.push_str(&word.to_lowercase());
-        }
+        buf.extend(word.bytes().map(|b| b.to_ascii_lowercase() as char));
         self.intern(buf)
     }
 }
@@ -112,6 +167,47 @@ pub fn word_set(ids: &[u32]) -> Vec<u32> {
     ids.sort_unstable();
     ids.dedup();
     ids
+}
+
+/// [`word_set`] for many messages over one vocabulary of `vocabulary_len`
+/// words: repeats are dropped with a per-word mark before sorting, so each
+/// sort sees a message's distinct words only.
+pub struct WordSets {
+    /// The message (plus one) that last saw each word.
+    seen_in: Vec<u32>,
+    message: u32,
+}
+
+impl WordSets {
+    pub fn new() -> Self {
+        WordSets {
+            seen_in: Vec::new(),
+            message: 0,
+        }
+    }
+
+    pub fn of(&mut self, ids: &[u32], vocabulary_len: usize) -> Vec<u32> {
+        self.message += 1;
+        if self.seen_in.len() < vocabulary_len {
+            self.seen_in.resize(vocabulary_len, 0);
+        }
+        let mut set = Vec::new();
+        for &id in ids {
+            let seen = &mut self.seen_in[id as usize];
+            if *seen != self.message {
+                *seen = self.message;
+                set.push(id);
+            }
+        }
+        set.sort_unstable();
+        set
+    }
+}
+
+impl Default for WordSets {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Size of the intersection of two sorted id sets.
@@ -237,6 +333,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn word_sets_equal_sorting_and_deduplicating() {
+        let mut sets = WordSets::new();
+        for ids in [vec![3, 1, 3, 2, 1], vec![], vec![7, 7, 7], vec![2, 9, 0, 9]] {
+            assert_eq!(sets.of(&ids, 10), word_set(&ids), "{ids:?}");
+        }
+    }
+
+    #[test]
+    fn interning_gives_one_id_per_lowercased_word_and_keeps_the_words() {
+        let mut vocab = Vocabulary::default();
+        let mut ids = Vec::new();
+        vocab.words_of("Alpha beta ALPHA, Größe GRÖSSE alpha-beta 42", &mut ids);
+        let words: Vec<&str> = ids.iter().map(|&id| vocab.word(id)).collect();
+        assert_eq!(
+            words,
+            ["alpha", "beta", "alpha", "größe", "grösse", "alpha", "beta", "42"]
+        );
+        assert_eq!(ids[0], ids[2]);
+        assert_eq!(vocab.len(), 5);
+        assert_eq!(vocab.word_chars(ids[3]), 5);
+        // Many words: the table grows and rehashes from the kept text.
+        let text: String = (0..5000).map(|i| format!("w{i} ")).collect();
+        let mut many = Vec::new();
+        vocab.words_of(&text, &mut many);
+        vocab.words_of(&text, &mut many);
+        assert_eq!(vocab.len(), 5 + 5000);
+        assert_eq!(many[..5000], many[5000..]);
+        assert_eq!(vocab.word(many[4999]), "w4999");
     }
 
     #[test]

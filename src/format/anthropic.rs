@@ -118,6 +118,8 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
         };
         let mut results = 0;
         let mut others = 0;
+        // The call each text piece of a tool_result answers.
+        let mut piece_answers: Vec<String> = Vec::new();
         let content = fields.content.get();
         match content.as_bytes().first() {
             Some(b'"') => {
@@ -182,8 +184,11 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
                                 item.answers = Some(id.to_owned());
                             }
                             if let Some(c) = b.content {
+                                let before = w.texts.len();
                                 read_result_content(body, c, &mut w)
                                     .map_err(|why| Skip::UnsupportedMessage(i, why))?;
+                                piece_answers
+                                    .extend((before..w.texts.len()).map(|_| id.to_owned()));
                             }
                         }
                         "thinking" => {
@@ -212,6 +217,10 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
             item.role = Role::Tool;
         }
         item.text = w.text();
+        if item.role == Role::Tool && w.texts.len() > 1 && piece_answers.len() == w.texts.len() {
+            item.piece_chars = w.texts.iter().map(|t| char_count(&t.text)).collect();
+            item.piece_answers = piece_answers;
+        }
         conversation.items.push(item);
         wire.push(w);
     }

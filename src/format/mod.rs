@@ -151,6 +151,12 @@ pub struct Item {
     pub tool_calls: Vec<ToolCall>,
     /// The call this item answers, when it is a tool result.
     pub answers: Option<String>,
+    /// Char counts of the text pieces of an item whose text joins several
+    /// tool results (Anthropic `tool_result` blocks in one user message),
+    /// so that pruning cuts each result on its own; empty otherwise.
+    pub piece_chars: Vec<usize>,
+    /// With `piece_chars`: the call each piece answers.
+    pub piece_answers: Vec<String>,
 }
 
 impl Item {
@@ -163,6 +169,8 @@ impl Item {
             fixed: false,
             tool_calls: Vec::new(),
             answers: None,
+            piece_chars: Vec::new(),
+            piece_answers: Vec::new(),
         }
     }
 
@@ -195,6 +203,10 @@ pub struct Planned {
     pub text: Option<String>,
     /// New arguments (JSON text) by tool-call position within the item.
     pub arguments: Vec<(usize, String)>,
+    /// The new text of each text piece, when a pass cut the pieces one by
+    /// one (`text` is then their join); `None`: `text` is spread over the
+    /// pieces as one text.
+    pub pieces: Option<Vec<String>>,
 }
 
 impl Planned {
@@ -203,6 +215,7 @@ impl Planned {
             index,
             text: None,
             arguments: Vec::new(),
+            pieces: None,
         }
     }
 }
@@ -233,15 +246,38 @@ impl Parsed<'_> {
 
     /// The request's top-level `model`, if it names one.
     pub fn model(&self) -> Option<String> {
+        self.request_limits().0
+    }
+
+    /// The request's top-level `model` and the most output tokens it asks
+    /// for: `max_tokens` (Messages, older Chat), `max_completion_tokens`
+    /// (Chat) or `max_output_tokens` (Responses), the largest one set.
+    pub fn request_limits(&self) -> (Option<String>, Option<usize>) {
         #[derive(Deserialize)]
-        struct Model<'a> {
+        struct Limits<'a> {
             #[serde(borrow, default)]
             model: Option<std::borrow::Cow<'a, str>>,
+            #[serde(default)]
+            max_tokens: Option<serde_json::Value>,
+            #[serde(default)]
+            max_completion_tokens: Option<serde_json::Value>,
+            #[serde(default)]
+            max_output_tokens: Option<serde_json::Value>,
         }
-        serde_json::from_str::<Model>(self.body)
-            .ok()?
-            .model
-            .map(|m| m.into_owned())
+        let Ok(limits) = serde_json::from_str::<Limits>(self.body) else {
+            return (None, None);
+        };
+        // A limit that is not a whole number is the upstream's to refuse.
+        let max_output = [
+            &limits.max_tokens,
+            &limits.max_completion_tokens,
+            &limits.max_output_tokens,
+        ]
+        .into_iter()
+        .filter_map(|v| v.as_ref()?.as_u64())
+        .max()
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        (limits.model.map(|m| m.into_owned()), max_output)
     }
 
     /// The bytes of item `i` as it came.
@@ -264,4 +300,46 @@ fn top_level<'a, T: Deserialize<'a>>(body: &'a str) -> Result<T, Skip> {
         serde_json::error::Category::Data => Skip::NoMessages,
         _ => Skip::InvalidJson,
     })
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn request_limits_read_the_model_and_the_largest_output_limit() {
+        let limits = |body: &str, format: Format| {
+            format
+                .parse(body.as_bytes(), usize::MAX)
+                .unwrap()
+                .request_limits()
+        };
+        let chat = r#"{"model":"gpt-4o","max_completion_tokens":4000,"messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            limits(chat, Format::Chat),
+            (Some("gpt-4o".into()), Some(4000))
+        );
+        let legacy =
+            r#"{"max_tokens":50,"messages":[{"role":"user","content":"hi"}],"model":"gpt-4"}"#;
+        assert_eq!(
+            limits(legacy, Format::Chat),
+            (Some("gpt-4".into()), Some(50))
+        );
+        let responses = r#"{"model":"gpt-5","max_output_tokens":1234,"input":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            limits(responses, Format::Responses),
+            (Some("gpt-5".into()), Some(1234))
+        );
+        let anthropic = r#"{"model":"claude-sonnet-4-5","max_tokens":8192,"messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            limits(anthropic, Format::Anthropic),
+            (Some("claude-sonnet-4-5".into()), Some(8192))
+        );
+        // No limit, or one that is not a whole number: nothing to subtract.
+        let odd =
+            r#"{"model":"m","max_tokens":"lots","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(limits(odd, Format::Chat), (Some("m".into()), None));
+        let none = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(limits(none, Format::Chat), (None, None));
+    }
 }

@@ -268,7 +268,7 @@ impl Parsed<'_> {
             let p = planned.next().expect("peeked");
             let mut item = Written::new(index, wire);
             if let Some(new) = &p.text {
-                item.set_text(wire, new);
+                item.set_text(wire, new, p.pieces.as_deref());
             }
             for (call, args) in &p.arguments {
                 if let Some(Some((span, form))) = wire.arguments.get(*call) {
@@ -355,8 +355,17 @@ impl<'a> Written<'a> {
         }
     }
 
-    fn set_text(&mut self, wire: &WireItem, new: &str) {
-        let pieces = wire.distribute(new);
+    fn set_text(&mut self, wire: &WireItem, new: &str, cut: Option<&[String]>) {
+        let pieces = match cut {
+            // Cut one by one: each piece takes its own new text.
+            Some(cut) if cut.len() == wire.texts.len() => wire
+                .texts
+                .iter()
+                .zip(cut)
+                .map(|(t, c)| (t.text.as_ref() != c.as_str()).then(|| c.clone()))
+                .collect(),
+            _ => wire.distribute(new),
+        };
         for (t, piece) in wire.texts.iter().zip(pieces) {
             let Some(piece) = piece else { continue };
             match t.element {

@@ -33,6 +33,11 @@ pub const MEMORY_COMPACT: &str = "/v1/memory-compact";
 /// `GET /v1/compaction-reports/<id>`: a live per-message report.
 pub const REPORTS: &str = "/v1/compaction-reports/";
 
+/// Whether [`handle`] answers `path` (cheap: checked on every request).
+pub fn is_admin_path(path: &str) -> bool {
+    matches!(path, HEALTHZ | READYZ | METRICS | MEMORY_COMPACT) || path.starts_with(REPORTS)
+}
+
 /// Answers admin paths; hands every other request back, to be proxied.
 pub async fn handle(
     state: Handles<'_>,

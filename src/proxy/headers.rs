@@ -1,6 +1,8 @@
 //! Header rules: hop-by-hop headers are stripped in both directions, and
 //! the loss report is written onto responses of matched routes.
 
+use std::fmt::Write;
+
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::compaction::stable::StableInfo;
@@ -69,59 +71,90 @@ pub const STATUS: &str = "x-compaction-status";
 pub const POLICY: &str = "x-compaction-policy";
 pub const BYPASS: &str = "x-compaction-bypass";
 
-/// Writes the loss report headers of INTERFACE.md.
+const STATUS_NAME: HeaderName = HeaderName::from_static(STATUS);
+const POLICY_NAME: HeaderName = HeaderName::from_static(POLICY);
+const INPUT_CHARS: HeaderName = HeaderName::from_static("x-compaction-input-chars");
+const OUTPUT_CHARS: HeaderName = HeaderName::from_static("x-compaction-output-chars");
+const INPUT_MESSAGES: HeaderName = HeaderName::from_static("x-compaction-input-messages");
+const OUTPUT_MESSAGES: HeaderName = HeaderName::from_static("x-compaction-output-messages");
+const DROPPED_MESSAGES: HeaderName = HeaderName::from_static("x-compaction-dropped-messages");
+const DEDUPED_MESSAGES: HeaderName = HeaderName::from_static("x-compaction-deduped-messages");
+const TRIMMED_MESSAGES: HeaderName = HeaderName::from_static("x-compaction-trimmed-messages");
+const PRUNED_CHARS: HeaderName = HeaderName::from_static("x-compaction-pruned-chars");
+const CLIPPED_CHARS: HeaderName = HeaderName::from_static("x-compaction-clipped-chars");
+const DEDUPED_TOOL_CHARS: HeaderName = HeaderName::from_static("x-compaction-deduped-tool-chars");
+const INPUT_TOKENS: HeaderName = HeaderName::from_static("x-compaction-input-tokens");
+const OUTPUT_TOKENS: HeaderName = HeaderName::from_static("x-compaction-output-tokens");
+const BUDGET_TOKENS: HeaderName = HeaderName::from_static("x-compaction-budget-tokens");
+const RETAINED_RATIO: HeaderName = HeaderName::from_static("x-compaction-retained-ratio");
+const BUDGET_MET: HeaderName = HeaderName::from_static("x-compaction-budget-met");
+
+/// Writes the loss report headers of INTERFACE.md. This runs on every
+/// response, so the names are constants and the figures are written into
+/// one buffer that every value shares, instead of an allocation each.
 pub fn write_loss_report(
     headers: &mut HeaderMap,
     status: Status,
     policy: &str,
     loss: Option<&LossSummary>,
 ) {
-    let mut set = |name: &'static str, value: String| {
-        if let Ok(v) = HeaderValue::try_from(value) {
-            headers.insert(HeaderName::from_static(name), v);
-        }
+    headers.reserve(if loss.is_some() { 16 } else { 2 });
+    let status = match status {
+        Status::Skipped(_) => HeaderValue::try_from(status.header()),
+        other => Ok(HeaderValue::from_static(other.label())),
     };
-    set(STATUS, status.header());
-    set(POLICY, policy.to_owned());
-    if let Some(loss) = loss {
-        set("x-compaction-input-chars", loss.input_chars.to_string());
-        set("x-compaction-output-chars", loss.output_chars.to_string());
-        set(
-            "x-compaction-input-messages",
-            loss.input_messages.to_string(),
-        );
-        set(
-            "x-compaction-output-messages",
-            loss.output_messages.to_string(),
-        );
-        set(
-            "x-compaction-dropped-messages",
-            loss.dropped_messages.to_string(),
-        );
-        set(
-            "x-compaction-deduped-messages",
-            loss.deduped_messages.to_string(),
-        );
-        set(
-            "x-compaction-trimmed-messages",
-            loss.trimmed_messages.to_string(),
-        );
-        set(
-            "x-compaction-retained-ratio",
-            loss.retained_ratio.to_string(),
-        );
-        set("x-compaction-budget-met", loss.budget_met.to_string());
-        set("x-compaction-pruned-chars", loss.pruned_chars.to_string());
-        set("x-compaction-clipped-chars", loss.clipped_chars.to_string());
-        set(
-            "x-compaction-deduped-tool-chars",
-            loss.deduped_tool_chars.to_string(),
-        );
-        if let (Some(input), Some(output)) = (loss.input_tokens, loss.output_tokens) {
-            set("x-compaction-input-tokens", input.to_string());
-            set("x-compaction-output-tokens", output.to_string());
-        }
+    if let Ok(status) = status {
+        headers.insert(STATUS_NAME, status);
     }
+    if let Ok(policy) = HeaderValue::try_from(policy) {
+        headers.insert(POLICY_NAME, policy);
+    }
+    let Some(loss) = loss else { return };
+    let tokens = loss.input_tokens.zip(loss.output_tokens);
+    let (input_tokens, output_tokens) = tokens.unzip();
+    let figures = [
+        (INPUT_CHARS, Some(loss.input_chars)),
+        (OUTPUT_CHARS, Some(loss.output_chars)),
+        (INPUT_MESSAGES, Some(loss.input_messages)),
+        (OUTPUT_MESSAGES, Some(loss.output_messages)),
+        (DROPPED_MESSAGES, Some(loss.dropped_messages)),
+        (DEDUPED_MESSAGES, Some(loss.deduped_messages)),
+        (TRIMMED_MESSAGES, Some(loss.trimmed_messages)),
+        (PRUNED_CHARS, Some(loss.pruned_chars)),
+        (CLIPPED_CHARS, Some(loss.clipped_chars)),
+        (DEDUPED_TOOL_CHARS, Some(loss.deduped_tool_chars)),
+        (INPUT_TOKENS, input_tokens),
+        (OUTPUT_TOKENS, output_tokens),
+        (BUDGET_TOKENS, loss.budget_tokens),
+    ];
+    let mut text = bytes::BytesMut::with_capacity(256);
+    let mut ends = [0usize; 14];
+    for (end, (_, figure)) in ends.iter_mut().zip(&figures) {
+        if let Some(figure) = figure {
+            let _ = write!(text, "{figure}");
+        }
+        *end = text.len();
+    }
+    let _ = write!(text, "{}", loss.retained_ratio);
+    ends[13] = text.len();
+    let text = text.freeze();
+    let value = |start: usize, end: usize| HeaderValue::from_maybe_shared(text.slice(start..end));
+    let mut start = 0;
+    for ((name, figure), &end) in figures.into_iter().zip(&ends) {
+        if figure.is_some() {
+            if let Ok(v) = value(start, end) {
+                headers.insert(name, v);
+            }
+        }
+        start = end;
+    }
+    if let Ok(ratio) = value(start, ends[13]) {
+        headers.insert(RETAINED_RATIO, ratio);
+    }
+    headers.insert(
+        BUDGET_MET,
+        HeaderValue::from_static(if loss.budget_met { "true" } else { "false" }),
+    );
 }
 
 /// Says in `x-compaction-status` that the request asked for a bypass its

@@ -39,6 +39,7 @@ pub mod headers;
 pub mod server;
 pub mod state;
 pub mod upstream;
+pub mod workers;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,9 +66,13 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         let (parts, body) = refused.to_response().into_parts();
         return Response::from_parts(parts, body::full(body));
     }
-    let request = match admin::handle(state.admin_handles(), request).await {
-        Ok(answered) => return answered,
-        Err(request) => request,
+    let request = if admin::is_admin_path(request.uri().path()) {
+        match admin::handle(state.admin_handles(), request).await {
+            Ok(answered) => return answered,
+            Err(request) => request,
+        }
+    } else {
+        request
     };
     let runtime = state.runtime();
     let mut record = Recorder::new(

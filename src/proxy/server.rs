@@ -21,6 +21,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 use super::body::{BoxError, ProxyBody};
+use super::workers::Workers;
 use super::AppState;
 use crate::error::ProxyError;
 
@@ -89,6 +90,16 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_on(listener, state, shutdown, &Workers::Current).await
+}
+
+/// [`serve`], with each connection served on one of `workers`.
+pub async fn serve_on(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()>,
+    workers: &Workers,
+) {
     let limits = {
         let runtime = state.runtime();
         ConnectionLimits {
@@ -110,44 +121,26 @@ pub async fn serve(
                   peer: std::net::SocketAddr,
                   slot: tokio::sync::OwnedSemaphorePermit| {
         let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        let activity = Activity::new();
-        let in_service = activity.clone();
-        let service = service_fn(move |request| {
-            let state = state.clone();
-            let busy = in_service.begin();
-            async move {
-                let response = super::handle(state, request).await;
-                Ok::<_, std::convert::Infallible>(response.map(|body| busy.hold(body)))
+        // Handed over unregistered: the worker's own runtime polls it.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "connection lost before it was served");
+                return;
             }
-        });
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let mut closing = closing.clone();
+        };
+        let (state, builder, closing) = (state.clone(), builder.clone(), closing.clone());
         let keep_alive = limits.keep_alive;
-        tokio::spawn(async move {
+        workers.spawn(move || async move {
             let _slot = slot;
-            tokio::pin!(connection);
-            let mut asked_to_close = false;
-            loop {
-                tokio::select! {
-                    ended = connection.as_mut() => {
-                        if let Err(e) = ended {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                        return;
-                    }
-                    _ = closing.wait_for(|&closing| closing), if !asked_to_close => {
-                        connection.as_mut().graceful_shutdown();
-                        asked_to_close = true;
-                    }
-                    () = activity.idle_for(keep_alive), if !asked_to_close => {
-                        connection.as_mut().graceful_shutdown();
-                        asked_to_close = true;
-                    }
+            let stream = match tokio::net::TcpStream::from_std(stream) {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "connection lost before it was served");
+                    return;
                 }
-            }
+            };
+            serve_connection(stream, peer, state, builder, closing, keep_alive).await;
         });
     };
 
@@ -195,6 +188,49 @@ pub async fn serve(
     };
     if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!("grace period over; closing the remaining connections");
+    }
+}
+
+/// Serves one client connection until it ends, closing it gracefully when
+/// the proxy stops or it has been idle for `keep_alive`.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    state: Arc<AppState>,
+    builder: auto::Builder<TokioExecutor>,
+    mut closing: watch::Receiver<bool>,
+    keep_alive: Duration,
+) {
+    let activity = Activity::new();
+    let in_service = activity.clone();
+    let service = service_fn(move |request| {
+        let state = state.clone();
+        let busy = in_service.begin();
+        async move {
+            let response = super::handle(state, request).await;
+            Ok::<_, std::convert::Infallible>(response.map(|body| busy.hold(body)))
+        }
+    });
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let mut asked_to_close = false;
+    loop {
+        tokio::select! {
+            ended = connection.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = closing.wait_for(|&closing| closing), if !asked_to_close => {
+                connection.as_mut().graceful_shutdown();
+                asked_to_close = true;
+            }
+            () = activity.idle_for(keep_alive), if !asked_to_close => {
+                connection.as_mut().graceful_shutdown();
+                asked_to_close = true;
+            }
+        }
     }
 }
 

@@ -37,7 +37,11 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(runtime: Runtime) -> Arc<Self> {
-        let upstream = Upstream::new(runtime.timeouts.connect, &runtime.upstream_roots);
+        let upstream = Upstream::new(
+            runtime.timeouts.connect,
+            &runtime.upstream_roots,
+            super::workers::count_for(runtime.config.server.workers),
+        );
         Arc::new(AppState {
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),

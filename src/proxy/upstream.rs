@@ -18,16 +18,28 @@ use crate::error::ProxyError;
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
+/// One pooled client per worker ([`super::workers`]): a pooled upstream
+/// connection is driven by the runtime that opened it, so a request on
+/// another worker using it would wake that worker's thread twice.
 pub struct Upstream {
-    client: HttpsClient,
+    clients: Vec<Clients>,
+}
+
+struct Clients {
+    any: HttpsClient,
     /// HTTP/1.1 only: protocol upgrades (WebSocket) exist only there, and a
     /// pooled HTTP/2 connection could not carry one.
     http1: HttpsClient,
 }
 
 impl Upstream {
-    /// A client trusting the bundled public roots plus `extra_roots`.
-    pub fn new(connect_timeout: Duration, extra_roots: &[CertificateDer<'static>]) -> Self {
+    /// Clients for `workers` workers, trusting the bundled public roots plus
+    /// `extra_roots`.
+    pub fn new(
+        connect_timeout: Duration,
+        extra_roots: &[CertificateDer<'static>],
+        workers: usize,
+    ) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -49,12 +61,13 @@ impl Upstream {
                 .with_tls_config(tls.clone())
                 .https_or_http()
         };
-        let all_versions = builder().enable_all_versions().wrap_connector(http.clone());
-        let http1_only = builder().enable_http1().wrap_connector(http);
-        Upstream {
-            client: executor().build(all_versions),
-            http1: executor().build(http1_only),
-        }
+        let clients = (0..workers.max(1))
+            .map(|_| Clients {
+                any: executor().build(builder().enable_all_versions().wrap_connector(http.clone())),
+                http1: executor().build(builder().enable_http1().wrap_connector(http.clone())),
+            })
+            .collect();
+        Upstream { clients }
     }
 
     /// Sends `request`; 502 when the upstream cannot be reached or fails
@@ -68,10 +81,11 @@ impl Upstream {
         header_timeout: Duration,
         body_idle: Duration,
     ) -> Result<Response<Incoming>, ProxyError> {
+        let clients = &self.clients[super::workers::current_index() % self.clients.len()];
         let client = if super::headers::is_upgrade(request.headers()) {
-            &self.http1
+            &clients.http1
         } else {
-            &self.client
+            &clients.any
         };
         // The deadline counts from the last movement of the request body, so
         // a slow upload (a file, audio) is not a silent upstream, while a

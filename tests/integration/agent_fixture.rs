@@ -164,3 +164,39 @@ fn fixture_token_counts_equal_tiktoken() {
     assert_eq!(encoding.conversation(&parsed.conversation), expected);
     eprintln!("agent-150-turns: {expected} o200k_base tokens");
 }
+
+#[test]
+fn every_fixture_string_has_tiktokens_tokens_in_both_encodings() {
+    use compaction_proxy::compaction::tokens::Encoding;
+    fn strings<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
+        match value {
+            Value::String(s) => out.push(s),
+            Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+            Value::Object(o) => o.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/fixtures");
+    let mut compared = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let value: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut texts = Vec::new();
+        strings(&value, &mut texts);
+        for (encoding, tiktoken) in [
+            (Encoding::O200kBase, tiktoken_rs::o200k_base_singleton()),
+            (Encoding::Cl100kBase, tiktoken_rs::cl100k_base_singleton()),
+        ] {
+            for text in &texts {
+                let expected = tiktoken.encode_ordinary(text);
+                assert_eq!(encoding.count(text), expected.len(), "{path:?} {text:?}");
+                assert_eq!(encoding.encode(text), expected, "{path:?} {text:?}");
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 1_000, "only {compared} strings compared");
+}
