@@ -8,16 +8,20 @@
 //!    relevance scoring with default keys, and keep-last truncation.
 //!    Printed as a table before the timings.
 //! 2. **Cost**: `compact` on one ~200 KB history (generated chats strung
-//!    together, the last question at the end) under seed and relevance
-//!    scoring in one run, and `relevance::analyze` alone; the difference
-//!    is what relevance adds to a cold compaction.
+//!    together, the last question at the end) in one run: seed scoring,
+//!    relevance scoring cold (no analysis cached) and relevance scoring
+//!    warm (the previous turn's analyses cached in an `AnalysisStore`, this
+//!    turn adding an answer and a new question), and `relevance::analyze`
+//!    alone, cold and warm; the differences to seed are what relevance
+//!    adds.
 //!
 //! Run: `cargo bench --bench relevance -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
 
-use compaction_proxy::engine::{compact, relevance, Message, Role};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use compaction_proxy::cache::AnalysisStore;
+use compaction_proxy::engine::{compact, compact_cached, relevance, Message, Role};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 #[allow(dead_code)]
 #[path = "../tests/integration/fact_chats.rs"]
@@ -69,47 +73,108 @@ fn history_of(bytes: usize) -> Vec<Message> {
 }
 
 fn cost(c: &mut Criterion) {
-    let messages = history_of(200 * 1024);
-    let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
-    let chars: usize = messages.iter().map(|m| m.content.chars().count()).sum();
-    println!("cost input: {} messages, {bytes} bytes", messages.len());
-    let mut group = c.benchmark_group("relevance_200kb");
-    group.throughput(Throughput::Bytes(bytes as u64));
-    for strategy in [Strategy::Seed, Strategy::Relevance] {
-        let policy = policy(strategy, chars / 4);
-        group.bench_function(format!("compact/{strategy:?}"), |b| {
-            b.iter(|| compact(black_box(&messages), black_box(&policy)))
-        });
-    }
-    group.bench_function("analyze", |b| {
-        b.iter(|| relevance::analyze(black_box(&messages), None))
-    });
-    group.finish();
+    let history = history_of(200 * 1024);
+    // The turn after `history`: an answer and a new question, about
+    // another chat's fact, so other old messages become relevant.
+    let next_chats = fact_chats::generate(BENCH_SEED + 2, 1);
+    let mut next_turn = history.clone();
+    next_turn.push(Message::new(Role::Assistant, "It is in the notes above."));
+    next_turn.push(Message::new(Role::User, next_chats[0].direct.clone()));
 
-    // The machine may be shared: the fastest of many runs is the closest
-    // to what one cold compaction costs on an idle core.
-    let fastest = |f: &dyn Fn()| {
-        (0..300)
-            .map(|_| {
-                let started = std::time::Instant::now();
-                f();
-                started.elapsed()
-            })
-            .min()
-            .unwrap()
-    };
+    let bytes: usize = next_turn.iter().map(|m| m.content.len()).sum();
+    let chars: usize = next_turn.iter().map(|m| m.content.chars().count()).sum();
+    println!("cost input: {} messages, {bytes} bytes", next_turn.len());
     let seed = policy(Strategy::Seed, chars / 4);
     let relevant = policy(Strategy::Relevance, chars / 4);
+    // Warm: the analyses of `history` (the previous turn) are cached, so
+    // only the two new messages are analysed.
+    let warm_cache = || {
+        let store = AnalysisStore::new(64 << 20);
+        compact_cached(&history, &relevant, &store);
+        // Between two turns moka's housekeeping of the inserts has run.
+        store.weighted_size();
+        store
+    };
+    let mut group = c.benchmark_group("relevance_200kb");
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("compact/seed", |b| {
+        b.iter(|| compact(black_box(&next_turn), black_box(&seed)))
+    });
+    group.bench_function("compact/relevance_cold", |b| {
+        b.iter(|| compact(black_box(&next_turn), black_box(&relevant)))
+    });
+    // Each iteration gets a cache holding the previous turn only (built
+    // and dropped outside the timing), as the proxy's would when this turn
+    // arrives.
+    group.bench_function("compact/relevance_warm", |b| {
+        b.iter_batched_ref(
+            warm_cache,
+            |store| compact_cached(black_box(&next_turn), black_box(&relevant), &*store),
+            BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("analyze/cold", |b| {
+        b.iter(|| relevance::analyze(black_box(&next_turn), None))
+    });
+    group.bench_function("analyze/warm", |b| {
+        b.iter_batched_ref(
+            warm_cache,
+            |store| relevance::analyze_cached(black_box(&next_turn), None, &*store),
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+    if std::env::var_os("RELEVANCE_BENCH_NO_FASTEST").is_some() {
+        return; // profiling one case: skip the runs below
+    }
+
+    // The machine may be shared: the fastest of many runs is the closest
+    // to what one compaction costs on an idle core. Each warm run gets a
+    // cache holding the previous turn only (built outside the timing).
+    let fastest = |f: &mut dyn FnMut() -> std::time::Duration| (0..300).map(|_| f()).min().unwrap();
+    let time = |f: &dyn Fn()| {
+        let started = std::time::Instant::now();
+        f();
+        started.elapsed()
+    };
+    let seed_time =
+        fastest(&mut || time(&|| drop(black_box(compact(black_box(&next_turn), &seed)))));
+    let cold_time =
+        fastest(&mut || time(&|| drop(black_box(compact(black_box(&next_turn), &relevant)))));
+    let warm_time = fastest(&mut || {
+        let store = warm_cache();
+        time(&|| {
+            drop(black_box(compact_cached(
+                black_box(&next_turn),
+                &relevant,
+                &store,
+            )))
+        })
+    });
+    let analyze_cold =
+        fastest(&mut || time(&|| drop(black_box(relevance::analyze(black_box(&next_turn), None)))));
+    let analyze_warm = fastest(&mut || {
+        let store = warm_cache();
+        time(&|| {
+            drop(black_box(relevance::analyze_cached(
+                black_box(&next_turn),
+                None,
+                &store,
+            )))
+        })
+    });
     println!(
-        "fastest of 300: compact seed {:?}, compact relevance {:?}, analyze {:?}",
-        fastest(&|| drop(black_box(compact(black_box(&messages), &seed)))),
-        fastest(&|| drop(black_box(compact(black_box(&messages), &relevant)))),
-        fastest(&|| drop(black_box(relevance::analyze(black_box(&messages), None)))),
+        "fastest of 300: compact seed {seed_time:?}, relevance cold {cold_time:?} (+{:?}), \
+         relevance warm {warm_time:?} (+{:?}); analyze cold {analyze_cold:?}, warm {analyze_warm:?}",
+        cold_time.saturating_sub(seed_time),
+        warm_time.saturating_sub(seed_time),
     );
 }
 
 fn benches(c: &mut Criterion) {
-    print_retention();
+    if std::env::var_os("RELEVANCE_BENCH_NO_FASTEST").is_none() {
+        print_retention();
+    }
     cost(c);
 }
 

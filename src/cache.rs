@@ -15,6 +15,7 @@ use bytes::Bytes;
 use moka::sync::Cache;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
+use crate::engine::relevance::{AnalysisCache, CachedAnalysis};
 use crate::format::Format;
 pub use crate::outcome::Outcome;
 
@@ -122,9 +123,79 @@ impl Checkpoints for CheckpointStore {
     }
 }
 
+/// Relevance scoring's per-message analyses (`scoring = "relevance"`),
+/// keyed by a hash of the message text, shared by every policy of one
+/// configuration: a new turn of a conversation analyses only its new
+/// messages. Bounded in bytes by moka (`cache.relevance_max_bytes`);
+/// emptied on reload with the configuration that holds it. Only an
+/// accelerator: a miss costs the analysis, never a different result.
+pub struct AnalysisStore {
+    analyses: Option<Cache<u128, CachedAnalysis>>,
+}
+
+impl AnalysisStore {
+    pub fn new(max_bytes: u64) -> Self {
+        let analyses = (max_bytes > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, a: &CachedAnalysis| a.weight())
+                // A history entry is read once, by its conversation's next
+                // turn: frequency-based admission would turn most away.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .build()
+        });
+        AnalysisStore { analyses }
+    }
+
+    pub fn clear(&self) {
+        if let Some(analyses) = &self.analyses {
+            analyses.invalidate_all();
+        }
+    }
+
+    /// Bytes held now (after pending evictions run).
+    pub fn weighted_size(&self) -> u64 {
+        self.analyses.as_ref().map_or(0, |a| {
+            a.run_pending_tasks();
+            a.weighted_size()
+        })
+    }
+}
+
+impl std::fmt::Debug for AnalysisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnalysisStore")
+            .field("enabled", &self.analyses.is_some())
+            .finish()
+    }
+}
+
+impl AnalysisCache for AnalysisStore {
+    fn enabled(&self) -> bool {
+        self.analyses.is_some()
+    }
+
+    fn get(&self, key: u128) -> Option<CachedAnalysis> {
+        self.analyses.as_ref()?.get(&key)
+    }
+
+    fn put(&self, key: u128, value: CachedAnalysis) {
+        if let Some(analyses) = &self.analyses {
+            analyses.insert(key, value);
+        }
+    }
+
+    fn remove(&self, key: u128) {
+        if let Some(analyses) = &self.analyses {
+            analyses.invalidate(&key);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::relevance::Analysis;
     use crate::outcome::LossSummary;
 
     fn outcome() -> Arc<Outcome> {
@@ -168,6 +239,24 @@ mod tests {
         let cache = CompactionCache::new(0);
         cache.insert(1, Format::Chat, Bytes::from_static(b"body"), outcome());
         assert!(cache.get(1, Format::Chat, b"body").is_none());
+    }
+
+    #[test]
+    fn analyses_stay_within_their_bytes_and_go_on_clear() {
+        let store = AnalysisStore::new(64 * 1024);
+        let analysis = CachedAnalysis::Message(Arc::new(Analysis::of(
+            "the gate code for depot Norrby is 7731-KAPPA",
+        )));
+        for key in 0..20_000u128 {
+            store.put(key, analysis.clone());
+        }
+        let held = store.weighted_size();
+        assert!(held <= 64 * 1024 && held > 0, "{held}");
+        store.put(u128::MAX, analysis.clone());
+        assert_eq!(store.get(u128::MAX), Some(analysis));
+        store.clear();
+        assert_eq!(store.get(u128::MAX), None);
+        assert!(!AnalysisStore::new(0).enabled());
     }
 
     #[test]

@@ -135,6 +135,11 @@ pub struct CacheConfig {
     /// message of each recent conversation); 0 turns them off, which only
     /// makes each turn replay its whole history.
     pub checkpoint_max_bytes: u64,
+    /// Bytes of relevance scoring's per-message analyses (term counts of
+    /// each message of recent conversations, about as many bytes as the
+    /// text), so a new turn analyses only its new messages; 0 turns the
+    /// cache off, which only makes every turn analyse its whole history.
+    pub relevance_max_bytes: u64,
 }
 
 impl Default for CacheConfig {
@@ -142,6 +147,7 @@ impl Default for CacheConfig {
         CacheConfig {
             max_bytes: 64 * 1024 * 1024,
             checkpoint_max_bytes: 16 * 1024 * 1024,
+            relevance_max_bytes: 32 * 1024 * 1024,
         }
     }
 }

@@ -13,6 +13,7 @@ use regex::RegexSet;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
+use crate::cache::AnalysisStore;
 use crate::compaction::agent::AgentPolicy;
 use crate::compaction::budget::AutoBudget;
 use crate::compaction::tokens::Encoding;
@@ -67,6 +68,10 @@ pub struct CompiledPolicy {
     pub budget_tokens: Option<usize>,
     /// The encoding for models the token table does not know.
     pub tokenizer_fallback: Encoding,
+    /// Relevance scoring's per-message analyses, shared by every policy of
+    /// one configuration (`cache.relevance_max_bytes`) and dropped with it
+    /// on reload; a disabled store for a policy built outside a runtime.
+    pub analyses: Arc<AnalysisStore>,
     /// `budget = "auto"`: each request's token budget comes from its
     /// model's context window (exact mode).
     pub auto_budget: Option<AutoBudget>,
@@ -100,6 +105,7 @@ impl CompiledPolicy {
             agent: crate::compaction::agent::AgentPolicy::OFF,
             budget_tokens: None,
             tokenizer_fallback: Encoding::O200kBase,
+            analyses: Arc::new(AnalysisStore::new(0)),
             auto_budget: None,
         }
     }
@@ -136,6 +142,7 @@ impl CompiledPolicy {
             agent: self.agent.clone(),
             budget_tokens: self.budget_tokens,
             tokenizer_fallback: self.tokenizer_fallback,
+            analyses: self.analyses.clone(),
             auto_budget: self.auto_budget.clone(),
         }
     }
@@ -355,9 +362,10 @@ impl Runtime {
             }),
         };
 
+        let analyses = Arc::new(AnalysisStore::new(config.cache.relevance_max_bytes));
         let mut policies = HashMap::new();
         for (name, p) in &config.policies {
-            match compile_policy(name, p) {
+            match compile_policy(name, p, &analyses) {
                 Ok(c) => {
                     policies.insert(name.clone(), Arc::new(c));
                 }
@@ -462,7 +470,9 @@ impl Runtime {
             .find(|p| p.name == name)
             .cloned()
             .or_else(|| {
-                compile_policy(name, self.config.policies.get(name)?)
+                // One offline compaction: nothing to share analyses with.
+                let analyses = Arc::new(AnalysisStore::new(0));
+                compile_policy(name, self.config.policies.get(name)?, &analyses)
                     .ok()
                     .map(Arc::new)
             })
@@ -504,7 +514,11 @@ fn parse_upstream(url: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
-fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(String, String)>> {
+fn compile_policy(
+    name: &str,
+    p: &PolicyConfig,
+    analyses: &Arc<AnalysisStore>,
+) -> Result<CompiledPolicy, Vec<(String, String)>> {
     let mut problems = Vec::new();
     if p.budget_chars == 0 {
         problems.push(("budget_chars".into(), "must be at least 1".to_owned()));
@@ -663,6 +677,7 @@ fn compile_policy(name: &str, p: &PolicyConfig) -> Result<CompiledPolicy, Vec<(S
             agent: p.agent_policy(),
             budget_tokens: (p.budget_tokens > 0).then_some(p.budget_tokens),
             tokenizer_fallback: tokenizer_fallback.unwrap_or(Encoding::O200kBase),
+            analyses: analyses.clone(),
             auto_budget: (p.budget == BudgetMode::Auto).then(|| AutoBudget {
                 windows: p
                     .context_windows

@@ -114,7 +114,7 @@ impl AgentPolicy {
         }
     }
 
-    fn any_pass(&self) -> bool {
+    pub(crate) fn any_pass(&self) -> bool {
         self.max_tool_result_chars > 0
             || self.max_arg_chars > 0
             || self.tool_duplicate_threshold > 0.0

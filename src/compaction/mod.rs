@@ -54,6 +54,41 @@ pub fn pins(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<bool> {
         .collect()
 }
 
+/// `scoring = "relevance"`: marks in `protected` the items whose relevance
+/// to the latest request (`messages` are the items' engine view) is at
+/// least `pin_relevant_above`, and the items holding the calls that a
+/// relevant tool result answers, so the agent passes neither prune, dedupe
+/// nor clip them. Unlike the engine's relevance pins, no budget share caps
+/// these: they only keep the passes off, the engine still decides what
+/// fits. A seed policy marks nothing.
+pub fn protect_relevant(
+    conversation: &Conversation,
+    messages: &[Message],
+    policy: &CompiledPolicy,
+    protected: &mut [bool],
+) {
+    let engine::ScoringMethod::Relevance(knobs) = &policy.engine.scoring else {
+        return;
+    };
+    let found =
+        engine::relevance::analyze_cached(messages, knobs.goal.as_deref(), &*policy.analyses);
+    let items = &conversation.items;
+    for (i, &r) in found.relevance.iter().enumerate() {
+        if Some(i) == found.query_index || r <= 0.0 || r < knobs.pin_relevant_above {
+            continue;
+        }
+        protected[i] = true;
+        if let Some(id) = items[i].answers.as_deref() {
+            let call = items[..i]
+                .iter()
+                .rposition(|item| item.tool_calls.iter().any(|c| c.id == id));
+            if let Some(k) = call {
+                protected[k] = true;
+            }
+        }
+    }
+}
+
 /// The engine's view of the items under `policy`'s pin rules.
 pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
     conversation
@@ -110,7 +145,11 @@ pub fn changes(plan: &Plan, items: usize) -> bool {
 /// when nothing changed.
 pub fn run_engine(conversation: &Conversation, policy: &CompiledPolicy) -> (Report, Option<Plan>) {
     let messages = engine_messages(conversation, policy);
-    let report = engine::compact(&messages, &item_policy(conversation, policy));
+    let report = engine::compact_cached(
+        &messages,
+        &item_policy(conversation, policy),
+        &*policy.analyses,
+    );
     let plan = plan_of(&report);
     let changed = changes(&plan, conversation.items.len());
     (report, changed.then_some(plan))
@@ -324,7 +363,11 @@ pub fn run_passes(
     policy: &CompiledPolicy,
 ) -> (Option<Plan>, agent::AgentEdits, Report) {
     let conversation = &parsed.conversation;
-    let protected = protected_items(conversation, policy);
+    let messages = engine_messages(conversation, policy);
+    let mut protected = protected_items(conversation, policy);
+    if policy.agent.any_pass() && conversation.total_chars() > policy.engine.budget_chars {
+        protect_relevant(conversation, &messages, policy, &mut protected);
+    }
     let edits = agent::run(
         conversation,
         &protected,
@@ -337,7 +380,7 @@ pub fn run_passes(
     // them whole but never cut them.
     let excluded = agent::excluded_items(conversation, &policy.agent);
     // Pins come from the items as they came, not from the edited text.
-    let messages: Vec<Message> = engine_messages(conversation, policy)
+    let messages: Vec<Message> = messages
         .into_iter()
         .zip(&edited.items)
         .zip(&excluded)
@@ -354,7 +397,8 @@ pub fn run_passes(
             }
         })
         .collect();
-    let report = engine::compact(&messages, &item_policy(&edited, policy));
+    let report =
+        engine::compact_cached(&messages, &item_policy(&edited, policy), &*policy.analyses);
     let mut plan = plan_of(&report);
     for p in &mut plan.items {
         if excluded[p.index] {
@@ -499,5 +543,112 @@ impl Parsed<'_> {
             self.splice(&plan)
         });
         (report, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{RelevancePolicy, Role, ScoringMethod};
+    use crate::format::{Item, ToolCall};
+
+    fn call(id: &str, arguments: &str) -> Item {
+        let mut item = Item::new(Role::Assistant, "");
+        item.tool_calls.push(ToolCall {
+            id: id.into(),
+            name: "read_file".into(),
+            arguments: arguments.into(),
+        });
+        item.fixed_chars = "read_file".len() + arguments.len();
+        item
+    }
+
+    fn result(id: &str, text: &str) -> Item {
+        let mut item = Item::new(Role::Tool, text);
+        item.answers = Some(id.into());
+        item
+    }
+
+    fn numbered(n: usize, tag: &str) -> String {
+        (0..n).map(|k| format!("{tag}{k} ")).collect()
+    }
+
+    /// Two long tool results, the older holding the fact the latest
+    /// request asks about.
+    fn conversation() -> Conversation {
+        let args = |path: &str| format!(r#"{{"path": "{path}", "pad": "{}"}}"#, "y".repeat(200));
+        let fact = format!(
+            "{}The gate code for depot Norrby is 7731-KAPPA. {}",
+            numbered(60, "line"),
+            numbered(60, "line")
+        );
+        Conversation {
+            items: vec![
+                Item::new(Role::User, "Task: check the sites."),
+                call("call_1", &args("a.txt")),
+                result("call_1", &fact),
+                call("call_2", &args("b.txt")),
+                result("call_2", &numbered(120, "row")),
+                Item::new(Role::User, "What is the gate code for depot Norrby?"),
+            ],
+            outside_chars: 0,
+        }
+    }
+
+    fn policy(scoring: ScoringMethod) -> CompiledPolicy {
+        let mut engine = engine::Policy::with_budget(0);
+        engine.scoring = scoring;
+        let mut policy = CompiledPolicy::plain("t", engine);
+        policy.agent = agent::AgentPolicy {
+            max_tool_result_chars: 100,
+            protect_tool_chars: 0,
+            prune_minimum_chars: 0,
+            max_arg_chars: 40,
+            ..agent::AgentPolicy::DEFAULT
+        };
+        policy
+    }
+
+    fn passes(policy: &CompiledPolicy) -> agent::AgentEdits {
+        let conversation = conversation();
+        let messages = engine_messages(&conversation, policy);
+        let mut protected = protected_items(&conversation, policy);
+        protect_relevant(&conversation, &messages, policy, &mut protected);
+        agent::run(&conversation, &protected, 10, &policy.agent, &|_, _| true)
+    }
+
+    #[test]
+    fn a_tool_result_relevant_to_the_request_is_neither_pruned_nor_clipped() {
+        let relevance = passes(&policy(
+            ScoringMethod::Relevance(RelevancePolicy::default()),
+        ));
+        assert!(
+            !relevance.texts.contains_key(&2),
+            "the fact's result is whole"
+        );
+        assert!(
+            !relevance.arguments.contains_key(&1),
+            "its call is not clipped"
+        );
+        assert!(
+            relevance.texts.contains_key(&4),
+            "the other result is pruned"
+        );
+        assert!(relevance.arguments.contains_key(&3), "its call is clipped");
+
+        // Seed scoring knows no relevance: both are cut.
+        let seed = passes(&policy(ScoringMethod::Seed));
+        assert!(seed.texts.contains_key(&2) && seed.texts.contains_key(&4));
+        assert!(seed.arguments.contains_key(&1) && seed.arguments.contains_key(&3));
+    }
+
+    #[test]
+    fn a_threshold_above_every_relevance_protects_nothing() {
+        let knobs = RelevancePolicy {
+            pin_relevant_above: 1.01,
+            ..RelevancePolicy::default()
+        };
+        let edits = passes(&policy(ScoringMethod::Relevance(knobs)));
+        assert!(edits.texts.contains_key(&2));
     }
 }

@@ -475,7 +475,7 @@ impl<'a> Replay<'a> {
             .collect();
         let mut policy = self.policy.engine.clone();
         policy.budget_chars = self.target;
-        let report = engine::compact(&messages, &policy);
+        let report = engine::compact_cached(&messages, &policy, &*self.policy.analyses);
         report
             .messages
             .iter()
@@ -511,7 +511,7 @@ impl<'a> Replay<'a> {
                 .collect(),
             outside_chars: 0,
         };
-        let untouchable: Vec<bool> = entries
+        let mut untouchable: Vec<bool> = entries
             .iter()
             .enumerate()
             .map(|(k, e)| {
@@ -523,6 +523,15 @@ impl<'a> Replay<'a> {
                         != char_count(&self.conversation.items[e.index as usize].text)
             })
             .collect();
+        // Relevance to the form's latest request, like the engine's below.
+        if self.policy.agent.any_pass() && form.total_chars() > self.target {
+            let messages: Vec<Message> = form
+                .items
+                .iter()
+                .map(|item| Message::new(item.role, item.text.clone()))
+                .collect();
+            super::protect_relevant(&form, &messages, self.policy, &mut untouchable);
+        }
         let edits = agent::run(
             &form,
             &untouchable,

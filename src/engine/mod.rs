@@ -280,9 +280,23 @@ impl<'a> Working<'a> {
 
 /// Compacts `messages` to `policy.budget_chars` and reports every decision.
 pub fn compact(messages: &[Message], policy: &Policy) -> Report {
+    compact_cached(messages, policy, &relevance::NoAnalyses)
+}
+
+/// [`compact`], with relevance scoring's per-message analyses looked up in
+/// and added to `analyses` (see [`relevance::analyze_cached`]); the report
+/// is the same with any cache or none.
+pub fn compact_cached(
+    messages: &[Message],
+    policy: &Policy,
+    analyses: &dyn relevance::AnalysisCache,
+) -> Report {
     let relevance = match &policy.scoring {
         ScoringMethod::Seed => None,
-        ScoringMethod::Relevance(r) => Some((relevance::analyze(messages, r.goal.as_deref()), r)),
+        ScoringMethod::Relevance(r) => Some((
+            relevance::analyze_cached(messages, r.goal.as_deref(), analyses),
+            r,
+        )),
     };
     let mut scores = score::Scores::new(messages);
     if let Some((found, _)) = &relevance {

@@ -23,11 +23,21 @@
 //!   score of any document, so it lies in [0, 1] and the most relevant
 //!   message has 1. No query term in any document: every relevance is 0.
 //!
+//! - **Analyses**: each message is first reduced to an [`Analysis`], its
+//!   length and the count of each distinct term (by a 64-bit [`term_id`]),
+//!   whatever the query; BM25 then reads the query's terms from those. An
+//!   [`AnalysisCache`] the caller passes keeps analyses between requests, by
+//!   a hash of each message's text and of each history, so a new turn of a
+//!   conversation analyses only its new messages.
+//!
 //! Everything is computed in input order over sorted or index-keyed
 //! structures: the same messages and goal give the same numbers, bit for
-//! bit. Pure: no I/O.
+//! bit, with any cache or none. Pure: no I/O; a cache is the caller's.
+
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64};
 
 use super::{Message, Role};
 
@@ -50,6 +60,18 @@ pub struct Relevance {
 /// Scores each message of `messages` against the latest user message and
 /// the optional `goal`.
 pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
+    analyze_cached(messages, goal, &NoAnalyses)
+}
+
+/// [`analyze`], with each message's [`Analysis`] looked up in (and added
+/// to) `cache` by a hash of its text, so a turn that adds a message to a
+/// history analyses only the new one. The result is the same with any
+/// cache or none, bit for bit: an analysis is a pure function of the text.
+pub fn analyze_cached(
+    messages: &[Message],
+    goal: Option<&str>,
+    cache: &dyn AnalysisCache,
+) -> Relevance {
     let query_index = messages.iter().rposition(|m| m.role == Role::User);
     let mut query = Query::default();
     if let Some(q) = query_index {
@@ -70,25 +92,24 @@ pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
         };
     }
 
-    // One pass over the documents: each one's length and query-term counts.
+    // Each document's length and query-term counts, from its analysis.
     let terms = query.terms.len();
     let mut tf = vec![0u32; messages.len() * terms];
     let mut length = vec![0u32; messages.len()];
     let mut df = vec![0u32; terms];
     let mut documents = 0usize;
-    for (i, m) in messages.iter().enumerate() {
+    analyses_of(messages, cache).for_each(|i, analysis| {
         if Some(i) == query_index {
-            continue;
+            return;
         }
         documents += 1;
         let counts = &mut tf[i * terms..(i + 1) * terms];
-        let mut len = 0u32;
-        query.count_in(&m.content, counts, &mut len);
-        length[i] = len;
+        length[i] = analysis.length;
+        query.count_in(analysis, counts);
         for (d, &c) in df.iter_mut().zip(counts.iter()) {
             *d += u32::from(c > 0);
         }
-    }
+    });
     let total_length: u64 = length.iter().map(|&l| u64::from(l)).sum();
     let average_length = if documents == 0 {
         1.0
@@ -135,6 +156,464 @@ pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
     }
 }
 
+/// What relevance needs of one message, whatever the query: each distinct
+/// term (by [`term_id`]) with its count, and the message's length in terms
+/// (stopwords and one-letter words included: BM25 only uses its ratio to
+/// the average). A pure function of the text, so it can be cached across
+/// requests by a hash of the text.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Analysis {
+    /// `(term id, count)`, in the order the terms first occur.
+    pub terms: Vec<(u64, u32)>,
+    pub length: u32,
+}
+
+impl Analysis {
+    /// The analysis of `text` on its own (callers with many texts share an
+    /// analyzer through [`analyze_cached`]).
+    pub fn of(text: &str) -> Analysis {
+        Analyzer::default().analyze(text)
+    }
+
+    /// Approximate bytes held, for a cache's weigher.
+    pub fn weight(&self) -> u32 {
+        let bytes = 64 + self.terms.len() * std::mem::size_of::<(u64, u32)>();
+        u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+}
+
+/// What an [`AnalysisCache`] holds under a key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CachedAnalysis {
+    /// One message's analysis, keyed by [`message_key`] of its text.
+    Message(Arc<Analysis>),
+    /// The analyses of a history's first messages, keyed by
+    /// [`history_keys`]: a new turn of a conversation finds its previous
+    /// turn's with one lookup instead of one per message.
+    History(Arc<History>),
+}
+
+/// The analyses of a history's first [`History::len`] messages: the
+/// previous turn's history and this turn's own analyses, so a turn adds
+/// its few messages without copying the list.
+#[derive(Debug, PartialEq)]
+pub struct History {
+    earlier: Option<Arc<History>>,
+    own: Vec<Arc<Analysis>>,
+    len: usize,
+    /// Links to the first node: capped at [`MAX_HISTORY_DEPTH`], so
+    /// walking and dropping a chain stay short.
+    depth: usize,
+    /// What the whole chain holds, for a cache's weigher.
+    weight: u32,
+}
+
+/// How long a chain of histories grows before a turn copies it flat.
+const MAX_HISTORY_DEPTH: usize = 32;
+
+impl History {
+    /// `earlier` followed by `own`.
+    pub fn new(earlier: Option<Arc<History>>, own: Vec<Arc<Analysis>>) -> History {
+        match earlier {
+            Some(e) if e.depth >= MAX_HISTORY_DEPTH => {
+                let mut all: Vec<Arc<Analysis>> = Vec::with_capacity(e.len + own.len());
+                e.for_each(|a| all.push(a.clone()));
+                all.extend(own);
+                History::new(None, all)
+            }
+            earlier => {
+                let own_weight = own.iter().fold(
+                    u32::try_from(64 + 8 * own.len()).unwrap_or(u32::MAX),
+                    |w, a| w.saturating_add(a.weight()),
+                );
+                History {
+                    len: earlier.as_ref().map_or(0, |e| e.len) + own.len(),
+                    depth: earlier.as_ref().map_or(0, |e| e.depth + 1),
+                    weight: earlier
+                        .as_ref()
+                        .map_or(own_weight, |e| e.weight.saturating_add(own_weight)),
+                    earlier,
+                    own,
+                }
+            }
+        }
+    }
+
+    /// How many messages' analyses it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Calls `f` with each analysis, in message order.
+    pub fn for_each<'a>(&'a self, mut f: impl FnMut(&'a Arc<Analysis>)) {
+        let mut nodes: Vec<&History> = Vec::with_capacity(self.depth + 1);
+        let mut node = Some(self);
+        while let Some(n) = node {
+            nodes.push(n);
+            node = n.earlier.as_deref();
+        }
+        for n in nodes.into_iter().rev() {
+            n.own.iter().for_each(&mut f);
+        }
+    }
+}
+
+impl CachedAnalysis {
+    /// Approximate bytes held, for a cache's weigher. A history counts the
+    /// analyses it shares with message entries too, so a bound on the sum
+    /// bounds what is really held.
+    pub fn weight(&self) -> u32 {
+        match self {
+            CachedAnalysis::Message(a) => a.weight(),
+            CachedAnalysis::History(h) => h.weight,
+        }
+    }
+}
+
+/// Where analyses of earlier requests' messages are kept. Only an
+/// accelerator: a miss costs the analysis, never a different result.
+pub trait AnalysisCache {
+    /// Whether lookups can hit: without a cache, texts are not hashed.
+    fn enabled(&self) -> bool {
+        true
+    }
+    fn get(&self, key: u128) -> Option<CachedAnalysis>;
+    fn put(&self, key: u128, value: CachedAnalysis);
+    /// Drops an entry: the previous turn's history, once the new turn's
+    /// links to it, so the bound does not count it twice.
+    fn remove(&self, _key: u128) {}
+}
+
+/// No cache: every message is analysed on every request.
+pub struct NoAnalyses;
+
+impl AnalysisCache for NoAnalyses {
+    fn enabled(&self) -> bool {
+        false
+    }
+    fn get(&self, _: u128) -> Option<CachedAnalysis> {
+        None
+    }
+    fn put(&self, _: u128, _: CachedAnalysis) {}
+}
+
+/// Bumped when what an analysis holds changes, so that entries made under
+/// an older term definition are never reused.
+const ANALYSIS_VERSION: u64 = 1;
+
+/// The cache key of a message text: a 128-bit hash, so distinct texts do
+/// not meet in practice.
+pub fn message_key(text: &str) -> u128 {
+    xxh3_128_with_seed(text.as_bytes(), ANALYSIS_VERSION)
+}
+
+/// The cache key of each prefix of a history whose messages have
+/// `message_keys`: element `k` is the key of the first `k + 1` messages.
+pub fn history_keys(message_keys: &[u128]) -> Vec<u128> {
+    let mut chained = [0u8; 32];
+    let mut prefix = 0u128;
+    message_keys
+        .iter()
+        .map(|key| {
+            chained[..16].copy_from_slice(&prefix.to_le_bytes());
+            chained[16..].copy_from_slice(&key.to_le_bytes());
+            // Another seed than messages': a history never meets a message.
+            prefix = xxh3_128_with_seed(&chained, !ANALYSIS_VERSION);
+            prefix
+        })
+        .collect()
+}
+
+/// The id of a normalised term: a 64-bit hash, the same in every process.
+pub fn term_id(term: &str) -> u64 {
+    xxh3_64(term.as_bytes())
+}
+
+/// How far back from its end a history is looked up: the previous turn
+/// ends a few messages before this one (an answer, tool calls and their
+/// results, the new question).
+const HISTORY_PROBES: usize = 16;
+
+/// The analyses of a request's messages: an earlier turn's history from
+/// the cache, then the rest.
+struct Analyses {
+    earlier: Option<Arc<History>>,
+    rest: Vec<Arc<Analysis>>,
+}
+
+impl Analyses {
+    /// Calls `f` with each message's index and analysis, in order.
+    fn for_each(&self, mut f: impl FnMut(usize, &Analysis)) {
+        let mut i = 0;
+        if let Some(earlier) = &self.earlier {
+            earlier.for_each(|a| {
+                f(i, a);
+                i += 1;
+            });
+        }
+        for a in &self.rest {
+            f(i, a);
+            i += 1;
+        }
+    }
+}
+
+/// The analysis of each message, from `cache` where it has them.
+fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Analyses {
+    let mut analyzer = Analyzer::default();
+    if !cache.enabled() {
+        return Analyses {
+            earlier: None,
+            rest: messages
+                .iter()
+                .map(|m| Arc::new(analyzer.analyze(&m.content)))
+                .collect(),
+        };
+    }
+    let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
+    let prefixes = history_keys(&keys);
+    let mut earlier = None;
+    let mut earlier_key = None;
+    for k in (messages.len().saturating_sub(HISTORY_PROBES)..messages.len()).rev() {
+        if let Some(CachedAnalysis::History(found)) = cache.get(prefixes[k]) {
+            // A hash collision must not panic: the length must fit.
+            if found.len() == k + 1 {
+                earlier = Some(found);
+                earlier_key = Some(prefixes[k]);
+                break;
+            }
+        }
+    }
+    let done = earlier.as_ref().map_or(0, |e| e.len());
+    let mut rest = Vec::with_capacity(messages.len() - done);
+    for (m, &key) in messages.iter().zip(&keys).skip(done) {
+        let analysis = match cache.get(key) {
+            Some(CachedAnalysis::Message(found)) => found,
+            _ => {
+                let fresh = Arc::new(analyzer.analyze(&m.content));
+                cache.put(key, CachedAnalysis::Message(fresh.clone()));
+                fresh
+            }
+        };
+        rest.push(analysis);
+    }
+    if let (Some(&last), false) = (prefixes.last(), rest.is_empty()) {
+        let history = History::new(earlier.clone(), rest.clone());
+        cache.put(last, CachedAnalysis::History(Arc::new(history)));
+        // The new history holds the earlier one and weighs it too. A retry
+        // of that earlier turn still finds every message's analysis.
+        if let Some(key) = earlier_key {
+            cache.remove(key);
+        }
+    }
+    Analyses { earlier, rest }
+}
+
+/// Analyses texts one after another, remembering what each raw term
+/// normalises to: a history repeats its words, so most terms cost one
+/// lookup instead of folding, a stopword search and stemming.
+#[derive(Default)]
+struct Analyzer {
+    /// Raw term -> its slot, or [`NOT_A_TERM`] for stopwords and one-letter
+    /// words. Terms of up to 15 bytes, nearly all, are keyed by their bytes
+    /// packed in a `u128` ([`packed`]): comparing keys is then one integer
+    /// compare, not a call to compare strings.
+    slot_of_short: ShortTerms,
+    /// Longer raw terms (the set is the history's vocabulary, not its text).
+    slot_of_long: FxHashMap<Box<str>, u32>,
+    /// Normalised term id -> slot.
+    slot_of_id: FxHashMap<u64, u32>,
+    ids: Vec<u64>,
+    counts: Vec<u32>,
+    touched: Vec<u32>,
+    buf: String,
+}
+
+const NOT_A_TERM: u32 = u32::MAX;
+
+impl Analyzer {
+    fn analyze(&mut self, text: &str) -> Analysis {
+        let mut length = 0u32;
+        // Inlined into the scan: this runs for every term of the history.
+        for_each_term(
+            text,
+            #[inline(always)]
+            |raw, kind| {
+                length += 1;
+                let known = match packed(raw) {
+                    Some(key) => self.slot_of_short.get(key),
+                    None => self.slot_of_long.get(raw),
+                };
+                let slot = match known {
+                    Some(&slot) => slot,
+                    None => self.learn(raw, kind),
+                };
+                if slot != NOT_A_TERM {
+                    let count = &mut self.counts[slot as usize];
+                    if *count == 0 {
+                        self.touched.push(slot);
+                    }
+                    *count += 1;
+                }
+            },
+        );
+        let mut terms = Vec::with_capacity(self.touched.len());
+        for &slot in &self.touched {
+            let count = std::mem::take(&mut self.counts[slot as usize]);
+            terms.push((self.ids[slot as usize], count));
+        }
+        self.touched.clear();
+        Analysis { terms, length }
+    }
+
+    /// Normalises a raw term seen for the first time.
+    #[cold]
+    #[inline(never)]
+    fn learn(&mut self, raw: &str, kind: Kind) -> u32 {
+        let slot = match normalize(raw, kind, &mut self.buf) {
+            None => NOT_A_TERM,
+            Some(term) => {
+                let id = term_id(&term);
+                self.buf = term;
+                match self.slot_of_id.get(&id) {
+                    Some(&slot) => slot,
+                    None => {
+                        let slot = self.ids.len() as u32;
+                        self.ids.push(id);
+                        self.counts.push(0);
+                        self.slot_of_id.insert(id, slot);
+                        slot
+                    }
+                }
+            }
+        };
+        match packed(raw) {
+            Some(key) => self.slot_of_short.insert(key, slot),
+            None => self.slot_of_long.insert(raw.into(), slot),
+        };
+        slot
+    }
+}
+
+/// A map from [`packed`] terms to slots: open addressing with linear
+/// probing over a power-of-two table, at most half full. Lighter than a
+/// general hash map for the one lookup every term of a history makes.
+#[derive(Default)]
+struct ShortTerms {
+    /// 0 marks an empty place: a packed key holds its length, never 0.
+    keys: Vec<u128>,
+    slots: Vec<u32>,
+    len: usize,
+}
+
+impl ShortTerms {
+    #[inline(always)]
+    fn place(key: u128, mask: usize) -> usize {
+        let folded = (key as u64) ^ ((key >> 64) as u64).rotate_left(29);
+        (folded.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & mask
+    }
+
+    #[inline(always)]
+    fn get(&self, key: u128) -> Option<&u32> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = Self::place(key, mask);
+        loop {
+            let k = self.keys[i];
+            if k == key {
+                return Some(&self.slots[i]);
+            }
+            if k == 0 {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    fn insert(&mut self, key: u128, slot: u32) -> Option<u32> {
+        if (self.len + 1) * 2 > self.keys.len() {
+            self.grow();
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = Self::place(key, mask);
+        while self.keys[i] != 0 && self.keys[i] != key {
+            i = (i + 1) & mask;
+        }
+        if self.keys[i] == key {
+            return Some(std::mem::replace(&mut self.slots[i], slot));
+        }
+        self.keys[i] = key;
+        self.slots[i] = slot;
+        self.len += 1;
+        None
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let size = (self.keys.len() * 2).max(1024);
+        let old = std::mem::replace(
+            self,
+            ShortTerms {
+                keys: vec![0; size],
+                slots: vec![0; size],
+                len: 0,
+            },
+        );
+        for (key, slot) in old.keys.into_iter().zip(old.slots) {
+            if key != 0 {
+                self.insert(key, slot);
+            }
+        }
+    }
+}
+
+/// The bytes of a term of up to 15 bytes and its length, in one integer:
+/// two terms have the same key exactly when they are the same. Built from
+/// loads, not by copying into a buffer: reading a buffer back right after
+/// writing it byte by byte stalls the CPU.
+#[inline(always)]
+fn packed(raw: &str) -> Option<u128> {
+    let bytes = raw.as_bytes();
+    let len = bytes.len();
+    if len > 15 {
+        return None;
+    }
+    let (lo, hi) = if len > 8 {
+        (le_bytes(&bytes[..8]), le_bytes(&bytes[8..]))
+    } else {
+        (le_bytes(bytes), 0)
+    };
+    Some(u128::from(lo) | u128::from(hi) << 64 | (len as u128) << 120)
+}
+
+/// Up to 8 bytes as a little-endian integer, in at most two loads that may
+/// overlap (the overlapping bytes are the same, so OR keeps them).
+#[inline(always)]
+fn le_bytes(b: &[u8]) -> u64 {
+    let n = b.len();
+    if n >= 8 {
+        u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+    } else if n >= 4 {
+        let head = u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let tail = u64::from(u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]));
+        head | tail << (8 * (n - 4))
+    } else if n >= 2 {
+        let head = u64::from(u16::from_le_bytes([b[0], b[1]]));
+        let tail = u64::from(u16::from_le_bytes([b[n - 2], b[n - 1]]));
+        head | tail << (8 * (n - 2))
+    } else if n == 1 {
+        u64::from(b[0])
+    } else {
+        0
+    }
+}
+
 /// Whether a term is a joined identifier (kept whole, never stemmed) or a
 /// plain run of letters and digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,41 +623,14 @@ enum Kind {
 }
 
 /// The query terms, interned in first-seen order (the report sorts them).
+#[derive(Default)]
 struct Query {
-    ids: FxHashMap<String, usize>,
     terms: Vec<(String, Kind)>,
-    /// A prefilter on a document term's first three bytes, so most terms
-    /// skip folding, stemming and the lookup. Folding keeps ASCII bytes in
-    /// place, and [`stem`] keeps the first three letters of a word of three
-    /// or more, except `xxies` -> `xxy` (and `sses` -> `ss`). So a query
-    /// term of three or more bytes sets the bit of its first three
-    /// ([`prefix_bit`]), plus `xxi` for a three-letter `xxy`; a two-byte
-    /// query term sets `short_pairs`, checked for document terms of up to
-    /// four bytes. A document term with a non-ASCII byte among its first
-    /// three always takes the full path.
-    prefixes: [u64; PREFIX_WORDS],
-    short_pairs: [u128; 128],
-}
-
-const PREFIX_WORDS: usize = 128;
-
-/// The bit of `prefixes` for three lowercase ASCII bytes (a hash: a
-/// collision only lets a term through to the exact lookup).
-#[inline(always)]
-fn prefix_bit(a: u8, b: u8, c: u8) -> (usize, u64) {
-    let h = (a as usize * 961 + b as usize * 31 + c as usize) % (PREFIX_WORDS * 64);
-    (h / 64, 1 << (h % 64))
-}
-
-impl Default for Query {
-    fn default() -> Self {
-        Query {
-            ids: FxHashMap::default(),
-            terms: Vec::new(),
-            prefixes: [0; PREFIX_WORDS],
-            short_pairs: [0; 128],
-        }
-    }
+    /// [`term_id`] of each term, by position.
+    ids: Vec<u64>,
+    /// A one-word Bloom filter on the ids: most document terms are not
+    /// query terms and stop at one bit test.
+    mask: u64,
 }
 
 impl Query {
@@ -186,65 +638,23 @@ impl Query {
         let Some(term) = normalize(raw, kind, &mut String::new()) else {
             return;
         };
-        if !self.ids.contains_key(&term) {
-            match *term.as_bytes() {
-                [a, b] if a.is_ascii() && b.is_ascii() => self.short_pairs[a as usize] |= 1 << b,
-                [a, b, c, ..] if a.is_ascii() && b.is_ascii() && c.is_ascii() => {
-                    let (word, bit) = prefix_bit(a, b, c);
-                    self.prefixes[word] |= bit;
-                    if term.len() == 3 && c == b'y' {
-                        let (word, bit) = prefix_bit(a, b, b'i');
-                        self.prefixes[word] |= bit;
-                    }
-                }
-                _ => {} // not ASCII: documents take the full path
-            }
-            self.ids.insert(term.clone(), self.terms.len());
+        let id = term_id(&term);
+        if !self.ids.contains(&id) {
+            self.mask |= 1 << (id & 63);
+            self.ids.push(id);
             self.terms.push((term, kind));
         }
     }
 
-    /// Adds the count of each query term in `text` to `counts`, and the
-    /// number of its terms to `length`.
-    fn count_in(&self, text: &str, counts: &mut [u32], length: &mut u32) {
-        let mut buf = String::new();
-        for_each_term(text, |raw, kind| {
-            *length += 1;
-            match *raw.as_bytes() {
-                [_] => return, // one char: never a query term
-                [a, b] if a.is_ascii() && b.is_ascii() => {
-                    let (a, b) = (a.to_ascii_lowercase(), b.to_ascii_lowercase());
-                    if self.short_pairs[a as usize] & (1 << b) == 0 {
-                        return;
-                    }
-                }
-                [a, b, c, ..] if a.is_ascii() && b.is_ascii() && c.is_ascii() => {
-                    let (a, b, c) = (
-                        a.to_ascii_lowercase(),
-                        b.to_ascii_lowercase(),
-                        c.to_ascii_lowercase(),
-                    );
-                    let (word, bit) = prefix_bit(a, b, c);
-                    let short = raw.len() <= 4 && self.short_pairs[a as usize] & (1 << b) != 0;
-                    if self.prefixes[word] & bit == 0 && !short {
-                        return;
-                    }
-                }
-                _ => {} // not ASCII: fold and look up
+    /// Adds the count of each query term in `analysis` to `counts`.
+    fn count_in(&self, analysis: &Analysis, counts: &mut [u32]) {
+        for &(id, count) in &analysis.terms {
+            if self.mask & (1 << (id & 63)) == 0 {
+                continue;
             }
-            self.count_term(raw, kind, counts, &mut buf);
-        });
-    }
-
-    /// The exact match of one term that passed the prefilter; out of line
-    /// so the prefilter inlines into the scan.
-    #[inline(never)]
-    fn count_term(&self, raw: &str, kind: Kind, counts: &mut [u32], buf: &mut String) {
-        if let Some(term) = normalize(raw, kind, buf) {
-            if let Some(&t) = self.ids.get(&term) {
-                counts[t] += 1;
+            if let Some(t) = self.ids.iter().position(|&q| q == id) {
+                counts[t] += count;
             }
-            *buf = term;
         }
     }
 }
@@ -305,7 +715,7 @@ static CLASS: [u8; 256] = {
 ///
 /// Walks bytes by a class table: ASCII, nearly all of a chat, is classified
 /// by byte, and only a non-ASCII character is decoded to ask
-/// `char::is_alphanumeric`. This scan is most of relevance's cost.
+/// `char::is_alphanumeric`. This scan is most of a cold analysis's cost.
 fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
     let bytes = text.as_bytes();
     let n = bytes.len();
@@ -338,9 +748,7 @@ fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
         let start = i;
         let mut joined = false;
         loop {
-            while i < n && CLASS[bytes[i] as usize] == ALNUM {
-                i += 1;
-            }
+            i = alnum_run_end(bytes, i);
             if i >= n {
                 break;
             }
@@ -364,6 +772,40 @@ fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
             f(run, Kind::Plain);
         }
     }
+}
+
+/// The end of the run of ASCII letters and digits starting at `i`: eight
+/// bytes at a time (SWAR), then byte by byte near the end or at a byte
+/// that is not ASCII.
+#[inline(always)]
+fn alnum_run_end(bytes: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // For bytes below 0x80, `x + (0x80 - lo)` has its high bit set when
+    // x >= lo, and `x + (0x7f - hi)` has it clear when x <= hi; no sum
+    // carries into the next byte.
+    let in_range = |x: u64, lo: u8, hi: u8| {
+        (x + ONES * u64::from(0x80 - lo)) & !(x + ONES * u64::from(0x7f - hi)) & HIGH
+    };
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let x = u64::from_le_bytes([
+            chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7],
+        ]);
+        if x & HIGH != 0 {
+            break;
+        }
+        let alnum = in_range(x, b'0', b'9') | in_range(x | (ONES * 0x20), b'a', b'z');
+        if alnum == HIGH {
+            i += 8;
+            continue;
+        }
+        // The first byte that is not alphanumeric (little-endian: lowest).
+        return i + ((!alnum & HIGH).trailing_zeros() / 8) as usize;
+    }
+    while i < bytes.len() && CLASS[bytes[i] as usize] == ALNUM {
+        i += 1;
+    }
+    i
 }
 
 /// A joined run whole, then its parts: rare, so kept out of the scan loop
@@ -546,21 +988,220 @@ mod tests {
     }
 
     #[test]
-    fn the_first_pair_filter_never_hides_a_match() {
+    fn an_analysis_counts_every_term_it_normalises() {
         let text = "Kestrel KESTRELS kestrel-7 \u{212a}estrel Ärger ärgerlich naïve Naïve x y \
                     src/main.rs main deliveries Delivered 4410 4410-EUR tries try TRY \
-                    sses SS flies fly ab AB abs";
-        let mut query = Query::default();
-        for_each_term(text, |raw, kind| query.add(raw, kind));
-        let mut fast = vec![0u32; query.terms.len()];
-        let mut length = 0;
-        query.count_in(text, &mut fast, &mut length);
-        let mut slow = vec![0u32; query.terms.len()];
+                    sses SS flies fly ab AB abs the The";
+        let analysis = Analysis::of(text);
+        let mut expected: Vec<(u64, u32)> = Vec::new();
         for term in terms(text) {
-            slow[query.ids[&term]] += 1;
+            let id = term_id(&term);
+            match expected.iter_mut().find(|(e, _)| *e == id) {
+                Some((_, count)) => *count += 1,
+                None => expected.push((id, 1)),
+            }
         }
-        assert_eq!(fast, slow);
-        assert!(fast.iter().all(|&c| c > 0));
+        assert_eq!(analysis.terms, expected);
+        let mut all = 0;
+        for_each_term(text, |_, _| all += 1);
+        assert_eq!(analysis.length, all);
+        assert!(analysis.terms.iter().any(|&(_, c)| c > 1));
+    }
+
+    /// A cache that counts the analyses it is given.
+    #[derive(Default)]
+    struct Recording {
+        entries: std::sync::Mutex<FxHashMap<u128, CachedAnalysis>>,
+        analysed: std::sync::atomic::AtomicUsize,
+    }
+
+    impl AnalysisCache for Recording {
+        fn get(&self, key: u128) -> Option<CachedAnalysis> {
+            self.entries.lock().unwrap().get(&key).cloned()
+        }
+        fn put(&self, key: u128, value: CachedAnalysis) {
+            if matches!(value, CachedAnalysis::Message(_)) {
+                self.analysed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.entries.lock().unwrap().insert(key, value);
+        }
+        fn remove(&self, key: u128) {
+            self.entries.lock().unwrap().remove(&key);
+        }
+    }
+
+    fn history(turns: usize) -> Vec<Message> {
+        (0..turns)
+            .map(|i| {
+                assistant(&format!(
+                    "step {i}: deployed build-{} to host {} after fixing the parser",
+                    i % 5,
+                    i * 7
+                ))
+            })
+            .chain([user("which host got build-3?")])
+            .collect()
+    }
+
+    #[test]
+    fn a_cache_changes_no_bit_and_a_new_turn_analyses_only_its_messages() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut messages = history(30);
+        let cache = Recording::default();
+        let cold = analyze_cached(&messages, Some("parser"), &cache);
+        assert_eq!(cold, analyze(&messages, Some("parser")));
+        assert_eq!(cache.analysed.load(Relaxed), messages.len());
+
+        // The next turn: an answer and a new question.
+        messages.push(assistant("host 21 got build-3."));
+        messages.push(user("and which step fixed the parser for host 14?"));
+        let warm = analyze_cached(&messages, None, &cache);
+        assert_eq!(warm, analyze(&messages, None));
+        assert_eq!(
+            cache.analysed.load(Relaxed),
+            messages.len(),
+            "only the two new messages are analysed"
+        );
+        assert_ne!(warm.relevance[..31], cold.relevance[..31]);
+        let histories = |cache: &Recording| {
+            let entries = cache.entries.lock().unwrap();
+            entries
+                .values()
+                .filter(|e| matches!(e, CachedAnalysis::History(_)))
+                .count()
+        };
+        assert_eq!(histories(&cache), 1, "the earlier turn's history went");
+
+        // A history edited in its middle still finds its unchanged messages.
+        messages[3].content.push_str(" (rolled back)");
+        let edited = analyze_cached(&messages, None, &cache);
+        assert_eq!(edited, analyze(&messages, None));
+        assert_eq!(cache.analysed.load(Relaxed), messages.len() + 1);
+    }
+
+    #[test]
+    fn a_long_conversation_chains_then_flattens_its_histories() {
+        let cache = Recording::default();
+        let mut messages = history(3);
+        for turn in 0..(MAX_HISTORY_DEPTH * 2 + 3) {
+            messages.push(assistant(&format!("answer {turn}: host {}", turn * 3)));
+            messages.push(user(&format!("and host {turn}?")));
+            assert_eq!(
+                analyze_cached(&messages, None, &cache),
+                analyze(&messages, None)
+            );
+        }
+        let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
+        let last = *history_keys(&keys).last().unwrap();
+        let Some(CachedAnalysis::History(h)) = cache.get(last) else {
+            panic!("the last turn's history is cached");
+        };
+        assert_eq!(h.len(), messages.len());
+        assert!(h.depth <= MAX_HISTORY_DEPTH);
+        let mut seen = Vec::new();
+        h.for_each(|a| seen.push((**a).clone()));
+        let expected: Vec<Analysis> = messages.iter().map(|m| Analysis::of(&m.content)).collect();
+        assert_eq!(seen, expected);
+        // Each turn analysed only its two new messages.
+        assert_eq!(
+            cache.analysed.load(std::sync::atomic::Ordering::Relaxed),
+            messages.len()
+        );
+    }
+
+    #[test]
+    fn a_colliding_history_entry_is_not_trusted() {
+        let messages = history(5);
+        let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
+        let cache = Recording::default();
+        // A history of the wrong length under the full history's key.
+        let wrong = History::new(None, vec![Arc::new(Analysis::of("unrelated"))]);
+        cache.put(
+            *history_keys(&keys).last().unwrap(),
+            CachedAnalysis::History(Arc::new(wrong)),
+        );
+        assert_eq!(
+            analyze_cached(&messages, None, &cache),
+            analyze(&messages, None)
+        );
+    }
+
+    #[test]
+    fn the_short_term_table_finds_what_it_holds() {
+        let mut table = ShortTerms::default();
+        let words: Vec<String> = (0..5000).map(|i| format!("w{i}")).collect();
+        for (i, w) in words.iter().enumerate() {
+            assert_eq!(table.insert(packed(w).unwrap(), i as u32), None);
+        }
+        assert_eq!(table.insert(packed("w7").unwrap(), 99), Some(7));
+        for (i, w) in words.iter().enumerate() {
+            let expected = if i == 7 { 99 } else { i as u32 };
+            assert_eq!(table.get(packed(w).unwrap()), Some(&expected));
+        }
+        assert_eq!(table.get(packed("x1").unwrap()), None);
+        assert_eq!(ShortTerms::default().get(packed("a").unwrap()), None);
+    }
+
+    #[test]
+    fn the_eight_byte_scan_agrees_with_the_class_table() {
+        let text: Vec<u8> = (0u8..=255)
+            .chain(
+                b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                    .iter()
+                    .copied(),
+            )
+            .chain((0u8..=127).rev())
+            .collect();
+        for start in 0..text.len() {
+            let mut slow = start;
+            while slow < text.len() && CLASS[text[slow] as usize] == ALNUM {
+                slow += 1;
+            }
+            let fast = alnum_run_end(&text, start);
+            // The scan stops early only at a byte that is not ASCII, where
+            // the caller decodes the char.
+            assert!(
+                fast == slow || (fast < slow && text[fast..fast + 8].iter().any(|b| !b.is_ascii())),
+                "{start}: {fast} vs {slow}"
+            );
+        }
+    }
+
+    #[test]
+    fn packed_keys_are_exact() {
+        let words = [
+            "",
+            "a",
+            "ab",
+            "abc",
+            "abcd",
+            "abcde",
+            "abcdefg",
+            "abcdefgh",
+            "abcdefghi",
+            "abcdefghijklmno",
+            "b",
+            "ba",
+            "abce",
+            "abcdefgi",
+            "abcdefghijklmnp",
+            "\u{e5}r",
+        ];
+        let keys: Vec<u128> = words.iter().map(|w| packed(w).unwrap()).collect();
+        for (i, a) in keys.iter().enumerate() {
+            for (j, b) in keys.iter().enumerate() {
+                assert_eq!(a == b, i == j, "{:?} {:?}", words[i], words[j]);
+            }
+        }
+        for w in words {
+            let bytes = w.as_bytes();
+            let mut expected = [0u8; 16];
+            expected[..bytes.len()].copy_from_slice(bytes);
+            expected[15] = bytes.len() as u8;
+            assert_eq!(packed(w), Some(u128::from_le_bytes(expected)), "{w:?}");
+        }
+        assert_eq!(packed("abcdefghijklmnop"), None);
     }
 
     #[test]

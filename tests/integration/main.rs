@@ -30,3 +30,4 @@ mod relevance_retention;
 mod sdk_formats;
 mod sdk_openai;
 mod stable_mode;
+mod stable_relevance;
