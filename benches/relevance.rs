@@ -151,6 +151,18 @@ fn cost(c: &mut Criterion) {
             )))
         })
     });
+    // The first turn the proxy sees: nothing cached yet, and every
+    // message's analysis is stored for the next turn.
+    let filling_time = fastest(&mut || {
+        let store = AnalysisStore::new(64 << 20);
+        time(&|| {
+            drop(black_box(compact_cached(
+                black_box(&next_turn),
+                &relevant,
+                &store,
+            )))
+        })
+    });
     let analyze_cold =
         fastest(&mut || time(&|| drop(black_box(relevance::analyze(black_box(&next_turn), None)))));
     let analyze_warm = fastest(&mut || {
@@ -165,8 +177,10 @@ fn cost(c: &mut Criterion) {
     });
     println!(
         "fastest of 300: compact seed {seed_time:?}, relevance cold {cold_time:?} (+{:?}), \
+         relevance cold filling an empty cache {filling_time:?} (+{:?}), \
          relevance warm {warm_time:?} (+{:?}); analyze cold {analyze_cold:?}, warm {analyze_warm:?}",
         cold_time.saturating_sub(seed_time),
+        filling_time.saturating_sub(seed_time),
         warm_time.saturating_sub(seed_time),
     );
 }

@@ -105,12 +105,7 @@ impl PrefixIndex {
                 document_frequency[id as usize] += 1;
             }
         }
-        let mut by_rarity: Vec<u32> = (0..document_frequency.len() as u32).collect();
-        by_rarity.sort_unstable_by_key(|&id| (document_frequency[id as usize], id));
-        let mut rank = vec![0u32; by_rarity.len()];
-        for (r, &id) in by_rarity.iter().enumerate() {
-            rank[id as usize] = r as u32;
-        }
+        let rank = ranks_by_rarity(&document_frequency);
         let prefixes = scores
             .word_sets
             .iter()
@@ -142,9 +137,44 @@ fn prefix_len(len: usize, threshold: f64) -> usize {
     (len + 2).saturating_sub(overlap).clamp(1, len)
 }
 
+/// Each token's rank in the order (document frequency, id): rarest first.
+/// A counting sort: frequencies are at most the message count, and ids
+/// taken in increasing order stay in that order within a frequency.
+fn ranks_by_rarity(document_frequency: &[u32]) -> Vec<u32> {
+    let most = document_frequency.iter().copied().max().unwrap_or(0) as usize;
+    let mut next_rank = vec![0u32; most + 2];
+    for &df in document_frequency {
+        next_rank[df as usize + 1] += 1;
+    }
+    for f in 1..next_rank.len() {
+        next_rank[f] += next_rank[f - 1];
+    }
+    let mut rank = vec![0u32; document_frequency.len()];
+    for (id, &df) in document_frequency.iter().enumerate() {
+        let next = &mut next_rank[df as usize];
+        rank[id] = *next;
+        *next += 1;
+    }
+    rank
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{prefix_len, MAX_CANDIDATE_VISITS};
+    use super::{prefix_len, ranks_by_rarity, MAX_CANDIDATE_VISITS};
+
+    #[test]
+    fn ranks_follow_frequency_then_id() {
+        let cases: [&[u32]; 4] = [&[], &[0], &[3, 1, 3, 0, 1, 7, 1], &[2, 2, 2, 2]];
+        for df in cases {
+            let mut order: Vec<u32> = (0..df.len() as u32).collect();
+            order.sort_unstable_by_key(|&id| (df[id as usize], id));
+            let mut expected = vec![0u32; df.len()];
+            for (r, &id) in order.iter().enumerate() {
+                expected[id as usize] = r as u32;
+            }
+            assert_eq!(ranks_by_rarity(df), expected, "{df:?}");
+        }
+    }
 
     #[test]
     fn the_visit_cap_is_out_of_reach_for_api_sized_conversations() {
