@@ -1,7 +1,7 @@
 //! Step 5 of the pipeline: decide what to forward for a collected body on a
 //! matched route. Decoding, hashing for the cache and the engine all cost
 //! CPU in proportion to the body. A small body is decided right on the
-//! async worker: handing it to another thread costs more than the work. A
+//! connection's worker: handing it to another thread costs more than the work. A
 //! large one runs on the blocking pool, at most one per core at a time, so
 //! a burst of large bodies queues instead of multiplying the proxy's memory
 //! or starving the small requests beside it.
@@ -19,7 +19,7 @@ use crate::format::{Format, Skip};
 use crate::outcome::{Outcome, Status};
 use crate::policy::{CompiledPolicy, Resolution, Runtime};
 
-/// Bodies up to this size are decided on the async worker: below it, the
+/// Bodies up to this size are decided on the connection's worker: below it, the
 /// hand-off to the blocking pool (two thread wake-ups) costs more than
 /// parsing and compacting.
 pub const INLINE_BODY_BYTES: usize = 64 * 1024;
@@ -28,7 +28,7 @@ pub const INLINE_BODY_BYTES: usize = 64 * 1024;
 /// worker up to this size.
 pub const INLINE_FITTING_BODY_BYTES: usize = 1024 * 1024;
 
-/// Whether deciding this body is cheap enough for the async worker.
+/// Whether deciding this body is cheap enough for the connection's worker.
 fn decide_inline(raw: &[u8], coding: Coding, policy: &CompiledPolicy) -> bool {
     coding == Coding::Identity
         && (raw.len() <= INLINE_BODY_BYTES

@@ -2,8 +2,10 @@
 //!
 //! 1. **accept** ([`server`]): TCP with Nagle off, HTTP/1.1 or HTTP/2, at
 //!    most `max_connections` at once, header, keep-alive and body
-//!    timeouts; `CONNECT`, targets that are not paths and transfer codings
-//!    other than chunked are refused ([`server::check_request`]).
+//!    timeouts; each connection is served for its life on one per-core
+//!    worker runtime ([`workers`]), with that worker's upstream client.
+//!    `CONNECT`, targets that are not paths and transfer codings other
+//!    than chunked are refused ([`server::check_request`]).
 //! 2. **admin** ([`admin`], given only [`state::AppState::admin_handles`]):
 //!    `/healthz`, `/readyz`, `/metrics`, `/v1/memory-compact` and live
 //!    reports are answered here, never forwarded.
@@ -19,7 +21,7 @@
 //!    body into the neutral conversation, [`crate::compaction`] plans what
 //!    survives (pins, then the engine in exact mode or the stable replay),
 //!    and the format splices the plan back into the original bytes. Small
-//!    bodies are decided on the async worker, large ones on the blocking
+//!    bodies are decided on the connection's worker, large ones on the blocking
 //!    pool; repeated bodies come from [`crate::cache`]. Anything not
 //!    compactable is forwarded as received and marked `skipped`.
 //! 6. **forward** ([`upstream`]): hop-by-hop headers stripped, Host set for
