@@ -16,6 +16,7 @@ use prometheus::{
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
+use crate::format::Format;
 use crate::outcome::{LossSummary, Status};
 
 pub struct Metrics {
@@ -57,7 +58,8 @@ struct Series {
     route: String,
     policy: String,
     tenant: String,
-    requests: [OnceLock<IntCounter>; 5],
+    /// By format (none, then [`Format::ALL`]), then status.
+    requests: [[OnceLock<IntCounter>; 5]; 4],
     input_chars: OnceLock<IntCounter>,
     output_chars: OnceLock<IntCounter>,
     dropped_messages: OnceLock<IntCounter>,
@@ -193,8 +195,8 @@ impl Metrics {
         Metrics {
             requests: counter(
                 "requests_total",
-                "Requests to matched routes by what compaction did.",
-                &["route", "policy", "tenant", "status"],
+                "Requests to matched routes by body format and what compaction did.",
+                &["route", "policy", "tenant", "status", "format"],
             ),
             input_chars: counter("input_chars_total", "Message chars received.", LOSS_LABELS),
             output_chars: counter(
@@ -372,7 +374,7 @@ pub struct RequestEvent {
     pub total_seconds: f64,
     pub ending: Ending,
     /// The route's body format, on matched routes.
-    pub format: Option<crate::format::Format>,
+    pub format: Option<Format>,
     /// Stable mode re-compacted on this turn.
     pub rebased: bool,
     /// Stable mode: whether the replay found a checkpoint (`None`: no
@@ -443,13 +445,15 @@ impl RequestEvent {
         let policy = self.policy.as_deref().unwrap_or("none");
         let series = metrics.series(&self.route, policy, &self.tenant);
         if let Some(status) = self.status {
-            series.requests[status.index()]
+            let format = self.format.map_or(0, |f| 1 + f as usize);
+            series.requests[format][status.index()]
                 .get_or_init(|| {
                     metrics.requests.with_label_values(&[
-                        &self.route,
+                        self.route.as_str(),
                         policy,
-                        &self.tenant,
+                        self.tenant.as_str(),
                         status.label(),
+                        self.format.map_or("none", Format::as_str),
                     ])
                 })
                 .inc();
@@ -643,6 +647,16 @@ impl RequestEvent {
 mod tests {
     use super::*;
 
+    /// Tests that emit take turns: the log line's callsites cache whether
+    /// anyone listens, and a test emitting with no subscriber while the
+    /// log test listens could leave it nothing to read.
+    static EMITTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serially(f: impl FnOnce()) {
+        let _turn = EMITTING.lock().unwrap_or_else(|e| e.into_inner());
+        f()
+    }
+
     fn event(status: Status, loss: Option<LossSummary>) -> RequestEvent {
         RequestEvent {
             route: "/v1/chat/completions".into(),
@@ -655,6 +669,7 @@ mod tests {
             upstream_seconds: Some(0.2),
             response_status: 200,
             total_seconds: 0.2,
+            format: Some(Format::Chat),
             ..RequestEvent::new(http::Method::POST, "/v1/chat/completions".into())
         }
     }
@@ -691,13 +706,13 @@ mod tests {
     fn exported_families_match_the_registered_ones() {
         let m = Metrics::new();
         m.cache_lookup("p", true);
-        event(Status::Compacted, Some(loss(0.4))).emit(&m);
-        event(Status::Skipped("invalid-json"), None).emit(&m);
+        serially(|| event(Status::Compacted, Some(loss(0.4))).emit(&m));
+        serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
         for hit in [true, false] {
             let mut stable = event(Status::Compacted, Some(loss(0.4)));
             stable.rebased = true;
             stable.checkpoint_hit = Some(hit);
-            stable.emit(&m);
+            serially(|| stable.emit(&m));
         }
         m.cache_lookup("p", false);
         m.config_reload(RELOAD_APPLIED);
@@ -715,7 +730,7 @@ mod tests {
         let text = m.render();
         // One plain compacted request and two stable ones.
         assert!(text.contains(
-            "compaction_proxy_requests_total{policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 3"
+            "compaction_proxy_requests_total{format=\"chat\",policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 3"
         ), "{text}");
         assert!(text.contains("compaction_proxy_budget_missed_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 3"));
         assert!(text.contains("compaction_proxy_stable_rebases_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 2"));
@@ -724,11 +739,40 @@ mod tests {
     }
 
     #[test]
+    fn requests_are_counted_by_the_format_of_their_route() {
+        let m = Metrics::new();
+        serially(|| event(Status::Unchanged, None).emit(&m));
+        let mut anthropic = event(Status::Unchanged, None);
+        anthropic.route = "/v1/messages".into();
+        anthropic.format = Some(Format::Anthropic);
+        serially(|| anthropic.emit(&m));
+        serially(|| anthropic.emit(&m));
+        let text = m.render();
+        let requests = |route: &str, format: &str| {
+            sample(
+                &text,
+                "compaction_proxy_requests_total",
+                &[
+                    &format!("route=\"{route}\""),
+                    &format!("format=\"{format}\""),
+                ],
+            )
+        };
+        assert_eq!(
+            requests("/v1/chat/completions", "chat"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(requests("/v1/messages", "anthropic"), Some(2.0), "{text}");
+        assert_eq!(requests("/v1/messages", "chat"), None, "{text}");
+    }
+
+    #[test]
     fn retained_ratio_observes_compacted_requests_only() {
         let m = Metrics::new();
-        event(Status::Compacted, Some(loss(0.4))).emit(&m);
-        event(Status::Unchanged, Some(LossSummary::unchanged(10, 3))).emit(&m);
-        event(Status::DryRun, Some(loss(0.5))).emit(&m);
+        serially(|| event(Status::Compacted, Some(loss(0.4))).emit(&m));
+        serially(|| event(Status::Unchanged, Some(LossSummary::unchanged(10, 3))).emit(&m));
+        serially(|| event(Status::DryRun, Some(loss(0.5))).emit(&m));
         let text = m.render();
         assert_eq!(
             sample(&text, "compaction_proxy_retained_ratio_count", &[]),
@@ -757,9 +801,9 @@ mod tests {
     #[test]
     fn skip_reasons_reload_results_and_first_byte_are_counted() {
         let m = Metrics::new();
-        event(Status::Skipped("invalid-json"), None).emit(&m);
-        event(Status::Skipped("invalid-json"), None).emit(&m);
-        event(Status::Skipped("too-many-messages"), None).emit(&m);
+        serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
+        serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
+        serially(|| event(Status::Skipped("too-many-messages"), None).emit(&m));
         m.config_reload(RELOAD_REFUSED);
         let text = m.render();
         let skipped = |reason: &str| {
@@ -800,7 +844,7 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &m.series("/r", "p", "other")));
         for _ in 0..3 {
-            event(Status::Compacted, Some(loss(0.4))).emit(&m);
+            serially(|| event(Status::Compacted, Some(loss(0.4))).emit(&m));
         }
         let text = m.render();
         assert_eq!(
@@ -828,7 +872,14 @@ mod tests {
             .json()
             .with_writer(move || writer.clone())
             .finish();
-        tracing::subscriber::with_default(subscriber, f);
+        serially(|| {
+            tracing::subscriber::with_default(subscriber, || {
+                // A test that emitted earlier with no subscriber may have
+                // cached "never" for the log line's callsites: ask again.
+                tracing::callsite::rebuild_interest_cache();
+                f()
+            })
+        });
         let bytes = sink.0.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
     }

@@ -87,6 +87,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         return forward(&state, &runtime, parts, streamed(body), None, record).await;
     };
     record.route = resolution.route.clone();
+    record.format = Some(resolution.format);
     record.policy = Some(resolution.policy.name.clone());
     record.tenant = resolution.tenant.clone();
 
@@ -151,7 +152,6 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     let stable = outcome.as_ref().and_then(|o| o.stable);
     let loss = outcome.map(|o| o.loss);
     record.loss = loss;
-    record.format = Some(resolution.format);
     record.rebased = stable.is_some_and(|s| s.rebased);
     record.checkpoint_hit = stable.and_then(|s| s.resumed);
     let verdict = Verdict {

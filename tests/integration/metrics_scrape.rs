@@ -535,6 +535,8 @@ async fn counters_move_by_exactly_what_the_loss_headers_reported() {
             let want = e.statuses.get(status).copied().unwrap_or(0.0);
             let mut with_status = labels.to_vec();
             with_status.push(("status", status));
+            // The route is chat completions' own.
+            with_status.push(("format", "chat"));
             let got = exp.value("compaction_proxy_requests_total", &with_status);
             assert_eq!(got, want, "requests_total{with_status:?}\n{text}");
         }
@@ -650,6 +652,7 @@ async fn labels_are_bounded_unknown_tenants_are_other_and_queries_never_appear()
         ("policy", "default"),
         ("tenant", "other"),
         ("status", "compacted"),
+        ("format", "chat"),
     ];
     assert_eq!(
         exp.value("compaction_proxy_requests_total", &labels),
