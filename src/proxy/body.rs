@@ -296,19 +296,36 @@ where
 /// A request body forwarded from memory, holding its share of the buffer
 /// budget until hyper's client drops it (sent, or the request abandoned).
 pub fn full_holding(bytes: Bytes, hold: Reservation) -> ProxyBody {
-    Holding {
-        inner: http_body_util::Full::new(bytes),
-        _hold: hold,
+    guarded(http_body_util::Full::new(bytes), hold)
+}
+
+/// `body`, keeping `guard` alive for as long as the body is (a buffer
+/// reservation, a connection's busy mark): dropped with it, whether it was
+/// read to the end or abandoned.
+pub fn guarded<B, G>(body: B, guard: G) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+    G: Send + Unpin + 'static,
+{
+    Guarded {
+        inner: body,
+        _guard: guard,
     }
     .boxed_unsync()
 }
 
-struct Holding {
-    inner: http_body_util::Full<Bytes>,
-    _hold: Reservation,
+struct Guarded<B, G> {
+    inner: B,
+    _guard: G,
 }
 
-impl Body for Holding {
+impl<B, G> Body for Guarded<B, G>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+    G: Unpin,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -316,9 +333,7 @@ impl Body for Holding {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(|e| match e {})
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -3,16 +3,11 @@
 //! in-flight requests and streams finish within the grace period.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{header, Method, Request};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -20,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
-use super::body::{BoxError, ProxyBody};
+use super::body::ProxyBody;
 use super::workers::Workers;
 use super::AppState;
 use crate::error::ProxyError;
@@ -282,12 +277,9 @@ impl Activity {
 struct Busy(Arc<Activity>);
 
 impl Busy {
+    /// `body`, keeping the connection counted busy while it streams.
     fn hold(self, body: ProxyBody) -> ProxyBody {
-        BusyBody {
-            inner: body,
-            _busy: self,
-        }
-        .boxed_unsync()
+        super::body::guarded(body, self)
     }
 }
 
@@ -299,32 +291,6 @@ impl Drop for Busy {
         if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             activity.became_idle.notify_waiters();
         }
-    }
-}
-
-/// A response body that keeps its connection counted busy while it streams.
-struct BusyBody {
-    inner: ProxyBody,
-    _busy: Busy,
-}
-
-impl Body for BusyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
