@@ -112,44 +112,38 @@ pub fn write_loss_report(
     let Some(loss) = loss else { return };
     let tokens = loss.input_tokens.zip(loss.output_tokens);
     let (input_tokens, output_tokens) = tokens.unzip();
-    let figures = [
-        (INPUT_CHARS, Some(loss.input_chars)),
-        (OUTPUT_CHARS, Some(loss.output_chars)),
-        (INPUT_MESSAGES, Some(loss.input_messages)),
-        (OUTPUT_MESSAGES, Some(loss.output_messages)),
-        (DROPPED_MESSAGES, Some(loss.dropped_messages)),
-        (DEDUPED_MESSAGES, Some(loss.deduped_messages)),
-        (TRIMMED_MESSAGES, Some(loss.trimmed_messages)),
-        (PRUNED_CHARS, Some(loss.pruned_chars)),
-        (CLIPPED_CHARS, Some(loss.clipped_chars)),
-        (DEDUPED_TOOL_CHARS, Some(loss.deduped_tool_chars)),
-        (INPUT_TOKENS, input_tokens),
-        (OUTPUT_TOKENS, output_tokens),
-        (BUDGET_TOKENS, loss.budget_tokens),
+    let figures: [(HeaderName, Option<&dyn std::fmt::Display>); 14] = [
+        (INPUT_CHARS, Some(&loss.input_chars)),
+        (OUTPUT_CHARS, Some(&loss.output_chars)),
+        (INPUT_MESSAGES, Some(&loss.input_messages)),
+        (OUTPUT_MESSAGES, Some(&loss.output_messages)),
+        (DROPPED_MESSAGES, Some(&loss.dropped_messages)),
+        (DEDUPED_MESSAGES, Some(&loss.deduped_messages)),
+        (TRIMMED_MESSAGES, Some(&loss.trimmed_messages)),
+        (PRUNED_CHARS, Some(&loss.pruned_chars)),
+        (CLIPPED_CHARS, Some(&loss.clipped_chars)),
+        (DEDUPED_TOOL_CHARS, Some(&loss.deduped_tool_chars)),
+        (INPUT_TOKENS, input_tokens.as_ref().map(|n| n as _)),
+        (OUTPUT_TOKENS, output_tokens.as_ref().map(|n| n as _)),
+        (BUDGET_TOKENS, loss.budget_tokens.as_ref().map(|n| n as _)),
+        (RETAINED_RATIO, Some(&loss.retained_ratio)),
     ];
     let mut text = bytes::BytesMut::with_capacity(256);
-    let mut ends = [0usize; 14];
-    for (end, (_, figure)) in ends.iter_mut().zip(&figures) {
+    let mut spans = [(0, 0); 14];
+    for (span, (_, figure)) in spans.iter_mut().zip(&figures) {
+        let start = text.len();
         if let Some(figure) = figure {
             let _ = write!(text, "{figure}");
         }
-        *end = text.len();
+        *span = (start, text.len());
     }
-    let _ = write!(text, "{}", loss.retained_ratio);
-    ends[13] = text.len();
     let text = text.freeze();
-    let value = |start: usize, end: usize| HeaderValue::from_maybe_shared(text.slice(start..end));
-    let mut start = 0;
-    for ((name, figure), &end) in figures.into_iter().zip(&ends) {
+    for ((name, figure), (start, end)) in figures.into_iter().zip(spans) {
         if figure.is_some() {
-            if let Ok(v) = value(start, end) {
-                headers.insert(name, v);
+            if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(start..end)) {
+                headers.insert(name, value);
             }
         }
-        start = end;
-    }
-    if let Ok(ratio) = value(start, ends[13]) {
-        headers.insert(RETAINED_RATIO, ratio);
     }
     headers.insert(
         BUDGET_MET,

@@ -111,14 +111,6 @@ impl Pool {
         }
         Ok(pool)
     }
-
-    pub fn len(&self) -> usize {
-        self.handles.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
-    }
 }
 
 impl Drop for Pool {
