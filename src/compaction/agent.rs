@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 
-use crate::engine::text::{char_count, char_prefix, jaccard_at_least, word_set, Vocabulary};
+use crate::engine::text::{char_count, char_prefix, jaccard_at_least, Vocabulary, WordSets};
 use crate::engine::Role;
 use crate::format::Conversation;
 
@@ -566,6 +566,7 @@ pub fn run(
     let mut referenced = vec![false; items.len()];
     if policy.tool_duplicate_threshold > 0.0 {
         let mut vocabulary = Vocabulary::default();
+        let mut sets = WordSets::new();
         let mut ids = Vec::new();
         // Earlier results by tool: (item, word set).
         let mut earlier: HashMap<&str, Vec<(usize, Vec<u32>)>> = HashMap::new();
@@ -578,7 +579,7 @@ pub fn run(
             let Some(tool) = tool_of(i) else { continue };
             ids.clear();
             vocabulary.words_of(&items[i].text, &mut ids);
-            let set = word_set(&ids);
+            let set = sets.of(&ids, vocabulary.len());
             let list = earlier.entry(tool).or_default();
             if total > budget && candidate(i) && !set.is_empty() {
                 // The most recent earlier results are the likely repeats.

@@ -183,17 +183,10 @@ pub fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Sorted, deduplicated ids: the word set of a message.
-pub fn word_set(ids: &[u32]) -> Vec<u32> {
-    let mut ids = ids.to_vec();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
-/// [`word_set`] for many messages over one vocabulary of `vocabulary_len`
-/// words: repeats are dropped with a per-word mark before sorting, so each
-/// sort sees a message's distinct words only.
+/// Word sets (sorted, deduplicated ids) of many messages over one
+/// vocabulary of `vocabulary_len` words: repeats are dropped with a
+/// per-word mark before sorting, so each sort sees a message's distinct
+/// words only.
 pub struct WordSets {
     /// The message (plus one) that last saw each word.
     seen_in: Vec<u32>,
@@ -359,6 +352,12 @@ mod tests {
 
     #[test]
     fn word_sets_equal_sorting_and_deduplicating() {
+        let word_set = |ids: &[u32]| {
+            let mut ids = ids.to_vec();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
         let mut sets = WordSets::new();
         for ids in [vec![3, 1, 3, 2, 1], vec![], vec![7, 7, 7], vec![2, 9, 0, 9]] {
             assert_eq!(sets.of(&ids, 10), word_set(&ids), "{ids:?}");
