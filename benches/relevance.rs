@@ -116,6 +116,14 @@ fn cost(c: &mut Criterion) {
     group.bench_function("analyze/cold", |b| {
         b.iter(|| relevance::analyze(black_box(&next_turn), None))
     });
+    // The proxy's first turn: an empty store, filled with every analysis.
+    group.bench_function("analyze/filling", |b| {
+        b.iter_batched_ref(
+            || AnalysisStore::new(64 << 20),
+            |store| relevance::analyze_cached(black_box(&next_turn), None, &*store),
+            BatchSize::PerIteration,
+        )
+    });
     group.bench_function("analyze/warm", |b| {
         b.iter_batched_ref(
             warm_cache,

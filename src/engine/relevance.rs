@@ -98,18 +98,36 @@ pub fn analyze_cached(
     let mut length = vec![0u32; messages.len()];
     let mut df = vec![0u32; terms];
     let mut documents = 0usize;
-    analyses_of(messages, cache).for_each(|i, analysis| {
-        if Some(i) == query_index {
-            return;
-        }
+    let mut add_document = |counts: &[u32]| {
         documents += 1;
-        let counts = &mut tf[i * terms..(i + 1) * terms];
-        length[i] = analysis.length;
-        query.count_in(analysis, counts);
-        for (d, &c) in df.iter_mut().zip(counts.iter()) {
+        for (d, &c) in df.iter_mut().zip(counts) {
             *d += u32::from(c > 0);
         }
-    });
+    };
+    if cache.enabled() {
+        analyses_of(messages, cache).for_each(|i, analysis| {
+            if Some(i) == query_index {
+                return;
+            }
+            let counts = &mut tf[i * terms..(i + 1) * terms];
+            length[i] = analysis.length;
+            query.count_in(analysis, counts);
+            add_document(counts);
+        });
+    } else {
+        // Nothing to keep for a later request: count the query's terms
+        // straight from the text, without building each message's
+        // analysis. The same integers as counting them in analyses.
+        let mut counter = QueryCounter::new(&query);
+        for (i, m) in messages.iter().enumerate() {
+            if Some(i) == query_index {
+                continue;
+            }
+            let counts = &mut tf[i * terms..(i + 1) * terms];
+            length[i] = counter.count(&m.content, counts);
+            add_document(counts);
+        }
+    }
     let total_length: u64 = length.iter().map(|&l| u64::from(l)).sum();
     let average_length = if documents == 0 {
         1.0
@@ -365,15 +383,6 @@ impl Analyses {
 /// The analysis of each message, from `cache` where it has them.
 fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Analyses {
     let mut analyzer = Analyzer::default();
-    if !cache.enabled() {
-        return Analyses {
-            earlier: None,
-            rest: messages
-                .iter()
-                .map(|m| Arc::new(analyzer.analyze(&m.content)))
-                .collect(),
-        };
-    }
     let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
     let prefixes = history_keys(&keys);
     let mut earlier = None;
@@ -413,89 +422,208 @@ fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Analyses {
     Analyses { earlier, rest }
 }
 
-/// Analyses texts one after another, remembering what each raw term
-/// normalises to: a history repeats its words, so most terms cost one
-/// lookup instead of folding, a stopword search and stemming.
+/// What each raw term (as written) normalises to, remembered across the
+/// texts of one request: a history repeats its words, so most terms cost
+/// one lookup instead of folding, a stopword search and stemming.
+#[derive(Default)]
+struct TermMemo {
+    /// Terms of up to 15 bytes, nearly all, keyed by their bytes packed in
+    /// a `u128` ([`packed`]): comparing keys is then one integer compare,
+    /// not a call to compare strings.
+    short: ShortTerms,
+    /// Longer raw terms (the set is the history's vocabulary, not its text).
+    long: FxHashMap<Box<str>, u32>,
+}
+
+impl TermMemo {
+    /// What `raw` (whose [`packed`] key is `key`) was mapped to, or what
+    /// `learn` maps it to the first time.
+    #[inline(always)]
+    fn value(&mut self, raw: &str, key: Option<u128>, learn: impl FnOnce() -> u32) -> u32 {
+        let known = match key {
+            Some(key) => self.short.get(key),
+            None => self.long.get(raw),
+        };
+        match known {
+            Some(&value) => value,
+            None => self.remember(raw, key, learn()),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remember(&mut self, raw: &str, key: Option<u128>, value: u32) -> u32 {
+        match key {
+            Some(key) => self.short.insert(key, value),
+            None => self.long.insert(raw.into(), value),
+        };
+        value
+    }
+}
+
+/// Analyses texts one after another, sharing what it learnt of each raw
+/// term ([`TermMemo`]) and its scan buffers.
 #[derive(Default)]
 struct Analyzer {
     /// Raw term -> its slot, or [`NOT_A_TERM`] for stopwords and one-letter
-    /// words. Terms of up to 15 bytes, nearly all, are keyed by their bytes
-    /// packed in a `u128` ([`packed`]): comparing keys is then one integer
-    /// compare, not a call to compare strings.
-    slot_of_short: ShortTerms,
-    /// Longer raw terms (the set is the history's vocabulary, not its text).
-    slot_of_long: FxHashMap<Box<str>, u32>,
+    /// words.
+    slot_of_raw: TermMemo,
     /// Normalised term id -> slot.
     slot_of_id: FxHashMap<u64, u32>,
     ids: Vec<u64>,
     counts: Vec<u32>,
     touched: Vec<u32>,
     buf: String,
+    masks: TermMasks,
 }
 
 const NOT_A_TERM: u32 = u32::MAX;
 
 impl Analyzer {
     fn analyze(&mut self, text: &str) -> Analysis {
+        let Analyzer {
+            slot_of_raw,
+            slot_of_id,
+            ids,
+            counts,
+            touched,
+            buf,
+            masks,
+        } = self;
         let mut length = 0u32;
         // Inlined into the scan: this runs for every term of the history.
-        for_each_term(
+        for_each_keyed_term(
             text,
+            masks,
             #[inline(always)]
-            |raw, kind| {
+            |raw, kind, key| {
                 length += 1;
-                let known = match packed(raw) {
-                    Some(key) => self.slot_of_short.get(key),
-                    None => self.slot_of_long.get(raw),
-                };
-                let slot = match known {
-                    Some(&slot) => slot,
-                    None => self.learn(raw, kind),
-                };
+                let slot = slot_of_raw.value(raw, key, || {
+                    learn_slot(raw, kind, buf, slot_of_id, ids, counts)
+                });
                 if slot != NOT_A_TERM {
-                    let count = &mut self.counts[slot as usize];
+                    let count = &mut counts[slot as usize];
                     if *count == 0 {
-                        self.touched.push(slot);
+                        touched.push(slot);
                     }
                     *count += 1;
                 }
             },
         );
-        let mut terms = Vec::with_capacity(self.touched.len());
-        for &slot in &self.touched {
-            let count = std::mem::take(&mut self.counts[slot as usize]);
-            terms.push((self.ids[slot as usize], count));
+        let mut terms = Vec::with_capacity(touched.len());
+        for &slot in touched.iter() {
+            let count = std::mem::take(&mut counts[slot as usize]);
+            terms.push((ids[slot as usize], count));
         }
-        self.touched.clear();
+        touched.clear();
         Analysis { terms, length }
     }
+}
 
-    /// Normalises a raw term seen for the first time.
-    #[cold]
-    #[inline(never)]
-    fn learn(&mut self, raw: &str, kind: Kind) -> u32 {
-        let slot = match normalize(raw, kind, &mut self.buf) {
-            None => NOT_A_TERM,
-            Some(term) => {
-                let id = term_id(&term);
-                self.buf = term;
-                match self.slot_of_id.get(&id) {
-                    Some(&slot) => slot,
-                    None => {
-                        let slot = self.ids.len() as u32;
-                        self.ids.push(id);
-                        self.counts.push(0);
-                        self.slot_of_id.insert(id, slot);
-                        slot
-                    }
-                }
+/// The slot of a raw term seen for the first time: its normalised term's,
+/// new if that is new too.
+#[cold]
+#[inline(never)]
+fn learn_slot(
+    raw: &str,
+    kind: Kind,
+    buf: &mut String,
+    slot_of_id: &mut FxHashMap<u64, u32>,
+    ids: &mut Vec<u64>,
+    counts: &mut Vec<u32>,
+) -> u32 {
+    let Some(term) = normalize(raw, kind, buf) else {
+        return NOT_A_TERM;
+    };
+    let id = term_id(&term);
+    *buf = term;
+    *slot_of_id.entry(id).or_insert_with(|| {
+        ids.push(id);
+        counts.push(0);
+        (ids.len() - 1) as u32
+    })
+}
+
+/// Counts the query's terms in texts, one after another, without building
+/// their [`Analysis`]: what BM25 needs when no analysis is kept for later.
+struct QueryCounter<'q> {
+    query: &'q Query,
+    /// Bit `p` is set when some query term's first two bytes, read as a
+    /// little-endian `u16`, are `p`: most words of a history start
+    /// otherwise, and are passed over with one bit test.
+    prefixes: Vec<u64>,
+    /// Raw term -> the index of its query term, or [`NOT_A_TERM`].
+    query_term_of_raw: TermMemo,
+    buf: String,
+    masks: TermMasks,
+}
+
+impl<'q> QueryCounter<'q> {
+    fn new(query: &'q Query) -> Self {
+        let mut prefixes = vec![0u64; (1 << 16) / 64];
+        for (term, _) in &query.terms {
+            if let [a, b, ..] = *term.as_bytes() {
+                let p = usize::from(u16::from_le_bytes([a, b]));
+                prefixes[p / 64] |= 1 << (p % 64);
             }
-        };
-        match packed(raw) {
-            Some(key) => self.slot_of_short.insert(key, slot),
-            None => self.slot_of_long.insert(raw.into(), slot),
-        };
-        slot
+        }
+        QueryCounter {
+            query,
+            prefixes,
+            query_term_of_raw: TermMemo::default(),
+            buf: String::new(),
+            masks: TermMasks::default(),
+        }
+    }
+
+    /// Adds the count of each query term in `text` to `counts`; returns the
+    /// text's length in terms, as its [`Analysis`] has it.
+    fn count(&mut self, text: &str, counts: &mut [u32]) -> u32 {
+        let QueryCounter {
+            query,
+            prefixes,
+            query_term_of_raw,
+            buf,
+            masks,
+        } = self;
+        let mut length = 0u32;
+        for_each_keyed_term(
+            text,
+            masks,
+            #[inline(always)]
+            |raw, kind, key| {
+                length += 1;
+                if kind == Kind::Plain && !may_start_a_term_of(raw, prefixes) {
+                    return;
+                }
+                let t = query_term_of_raw.value(raw, key, || query.index_of(raw, kind, buf));
+                if let Some(count) = counts.get_mut(t as usize) {
+                    *count += 1;
+                }
+            },
+        );
+        length
+    }
+}
+
+/// Whether the plain raw term `raw` can normalise to a term whose first
+/// two bytes are in `prefixes` (a [`QueryCounter`]'s). A one-char word is
+/// never a term. A word starting with two ASCII letters or digits keeps
+/// them, case-folded, through [`normalize`]: folding maps ASCII to ASCII,
+/// and [`stem`] never cuts into a word's first two letters (not even
+/// `tries` -> `try`). Any other word may.
+#[inline(always)]
+fn may_start_a_term_of(raw: &str, prefixes: &[u64]) -> bool {
+    match *raw.as_bytes() {
+        [] | [_] => false,
+        [a, b, ..] if a.is_ascii() && b.is_ascii() => {
+            // Letters and digits only: `| 0x20` folds a letter, keeps a digit.
+            let p = usize::from(u16::from_le_bytes([a | 0x20, b | 0x20]));
+            prefixes
+                .get(p / 64)
+                .is_some_and(|w| w & (1 << (p % 64)) != 0)
+        }
+        _ => true,
     }
 }
 
@@ -646,6 +774,21 @@ impl Query {
         }
     }
 
+    /// The index of the query term `raw` normalises to, or [`NOT_A_TERM`].
+    #[cold]
+    #[inline(never)]
+    fn index_of(&self, raw: &str, kind: Kind, buf: &mut String) -> u32 {
+        let Some(term) = normalize(raw, kind, buf) else {
+            return NOT_A_TERM;
+        };
+        let id = term_id(&term);
+        *buf = term;
+        self.ids
+            .iter()
+            .position(|&q| q == id)
+            .map_or(NOT_A_TERM, |t| t as u32)
+    }
+
     /// Adds the count of each query term in `analysis` to `counts`.
     fn count_in(&self, analysis: &Analysis, counts: &mut [u32]) {
         for &(id, count) in &analysis.terms {
@@ -774,19 +917,32 @@ fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
     }
 }
 
+/// Eight bytes at a time (SWAR): each byte of a `u64` repeated.
+const ONES: u64 = 0x0101_0101_0101_0101;
+/// The high bit of each byte: set for a byte that is not ASCII.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `x` that is an ASCII letter or digit; every
+/// byte of `x` must be ASCII.
+#[inline(always)]
+const fn alnum_high_bits(x: u64) -> u64 {
+    in_range(x, b'0', b'9') | in_range(x | (ONES * 0x20), b'a', b'z')
+}
+
+/// The high bit of each byte of `x` within `lo..=hi`; every byte of `x`
+/// must be ASCII. For bytes below 0x80, `x + (0x80 - lo)` has its high bit
+/// set when x >= lo, and `x + (0x7f - hi)` has it clear when x <= hi; no
+/// sum carries into the next byte.
+#[inline(always)]
+const fn in_range(x: u64, lo: u8, hi: u8) -> u64 {
+    (x + ONES * (0x80 - lo as u64)) & !(x + ONES * (0x7f - hi as u64)) & HIGH
+}
+
 /// The end of the run of ASCII letters and digits starting at `i`: eight
 /// bytes at a time (SWAR), then byte by byte near the end or at a byte
 /// that is not ASCII.
 #[inline(always)]
 fn alnum_run_end(bytes: &[u8], mut i: usize) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // For bytes below 0x80, `x + (0x80 - lo)` has its high bit set when
-    // x >= lo, and `x + (0x7f - hi)` has it clear when x <= hi; no sum
-    // carries into the next byte.
-    let in_range = |x: u64, lo: u8, hi: u8| {
-        (x + ONES * u64::from(0x80 - lo)) & !(x + ONES * u64::from(0x7f - hi)) & HIGH
-    };
     while let Some(chunk) = bytes.get(i..i + 8) {
         let x = u64::from_le_bytes([
             chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7],
@@ -794,7 +950,7 @@ fn alnum_run_end(bytes: &[u8], mut i: usize) -> usize {
         if x & HIGH != 0 {
             break;
         }
-        let alnum = in_range(x, b'0', b'9') | in_range(x | (ONES * 0x20), b'a', b'z');
+        let alnum = alnum_high_bits(x);
         if alnum == HIGH {
             i += 8;
             continue;
@@ -816,6 +972,182 @@ fn joined_run(run: &str, f: &mut dyn FnMut(&str, Kind)) {
     f(run, Kind::Joined);
     for part in run.split(|c: char| !c.is_alphanumeric()) {
         f(part, Kind::Plain);
+    }
+}
+
+/// One bit per byte of an ASCII text (bit `i % 64` of word `i / 64`), for
+/// [`for_each_keyed_term`]; kept across texts so their buffers are reused.
+/// Every bit from the text's length on is clear, and there is always a word
+/// past the last byte.
+#[derive(Default)]
+struct TermMasks {
+    /// The byte is a letter or digit.
+    alnum: Vec<u64>,
+    /// The byte is a joiner between two letters or digits.
+    joints: Vec<u64>,
+}
+
+impl TermMasks {
+    /// Fills the masks for `bytes`; false, with the masks unusable, when
+    /// they are not all ASCII.
+    fn fill(&mut self, bytes: &[u8]) -> bool {
+        let words = bytes.len() / 64 + 1;
+        self.alnum.clear();
+        self.alnum.reserve(words);
+        // Punctuation bits first, joints once the letters around are known.
+        self.joints.clear();
+        self.joints.reserve(words);
+        let mut blocks = bytes.chunks_exact(64);
+        for block in &mut blocks {
+            let Some((alnum, punct)) = block_bits(block) else {
+                return false;
+            };
+            self.alnum.push(alnum);
+            self.joints.push(punct);
+        }
+        let mut last = [0u8; 64];
+        last[..blocks.remainder().len()].copy_from_slice(blocks.remainder());
+        let Some((alnum, punct)) = block_bits(&last) else {
+            return false;
+        };
+        self.alnum.push(alnum);
+        self.joints.push(punct);
+
+        // A joiner counts only between two letters or digits: look at the
+        // punctuation with a letter or digit on both sides (spaces never
+        // join, and they are most of what separates words).
+        let alnum = &self.alnum;
+        for (w, joints) in self.joints.iter_mut().enumerate() {
+            let here = alnum[w];
+            let before = here << 1 | w.checked_sub(1).map_or(0, |v| alnum[v] >> 63);
+            let after = here >> 1 | alnum.get(w + 1).map_or(0, |&next| next << 63);
+            let mut gaps = *joints & before & after;
+            *joints = 0;
+            while gaps != 0 {
+                let bit = gaps.trailing_zeros() as usize;
+                // A gap has a letter after it, so it lies within `bytes`.
+                let byte = bytes.get(w * 64 + bit).copied().unwrap_or(0);
+                *joints |= u64::from(CLASS[byte as usize] == JOINER) << bit;
+                gaps &= gaps - 1;
+            }
+        }
+        true
+    }
+}
+
+/// The letter-or-digit bits of 64 bytes and their punctuation bits (the
+/// other visible bytes, where a joiner can be), or `None` when one is not
+/// ASCII.
+#[inline(always)]
+fn block_bits(block: &[u8]) -> Option<(u64, u64)> {
+    let mut alnum = 0u64;
+    let mut punct = 0u64;
+    let mut any = 0u64;
+    for (k, chunk) in block.chunks_exact(8).enumerate() {
+        let x = u64::from_le_bytes(chunk.try_into().unwrap_or([0x80; 8]));
+        any |= x;
+        let x = x & !HIGH;
+        let letters = alnum_high_bits(x);
+        let visible = in_range(x, 0x21, 0x7e);
+        alnum |= gather_high_bits(letters) << (8 * k);
+        punct |= gather_high_bits(visible & !letters) << (8 * k);
+    }
+    (any & HIGH == 0).then_some((alnum, punct))
+}
+
+/// Gathers the high bit of each byte into one byte, byte k to bit k: the
+/// multiplier's partial products never overlap, so nothing carries.
+#[inline(always)]
+const fn gather_high_bits(high: u64) -> u64 {
+    ((high >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
+}
+
+/// The first set bit of `words` at or after `from`, or `end` if none.
+#[inline(always)]
+fn next_set(words: &[u64], from: usize, end: usize) -> usize {
+    let mut w = from / 64;
+    let Some(&first) = words.get(w) else {
+        return end;
+    };
+    let mut word = first & (!0u64 << (from % 64));
+    while word == 0 {
+        w += 1;
+        match words.get(w) {
+            Some(&next) => word = next,
+            None => return end,
+        }
+    }
+    w * 64 + word.trailing_zeros() as usize
+}
+
+/// The first byte at or after `from` that is neither a letter or digit nor
+/// a joint: the end of the run there. `end` if none (never, by the word
+/// past the last byte).
+#[inline(always)]
+fn run_end(masks: &TermMasks, from: usize, end: usize) -> usize {
+    let mut w = from / 64;
+    let in_run = |w: usize| match (masks.alnum.get(w), masks.joints.get(w)) {
+        (Some(a), Some(j)) => Some(a | j),
+        _ => None,
+    };
+    let Some(first) = in_run(w) else {
+        return end;
+    };
+    let mut outside = !first & (!0u64 << (from % 64));
+    while outside == 0 {
+        w += 1;
+        match in_run(w) {
+            Some(next) => outside = !next,
+            None => return end,
+        }
+    }
+    w * 64 + outside.trailing_zeros() as usize
+}
+
+/// [`for_each_term`], giving each term its [`packed`] key too. An ASCII
+/// text, nearly every one, is scanned by bit masks of its bytes: the start
+/// and end of each term are found by counting zeros, with no branch per
+/// byte. Any other text goes through [`for_each_term`].
+#[inline(always)]
+fn for_each_keyed_term(
+    text: &str,
+    masks: &mut TermMasks,
+    mut f: impl FnMut(&str, Kind, Option<u128>),
+) {
+    if !masks.fill(text.as_bytes()) {
+        for_each_term(text, |raw, kind| f(raw, kind, packed(raw)));
+        return;
+    }
+    let bytes = text.as_bytes();
+    let n = bytes.len();
+    // Joints are rare: where the next one is, found again once passed.
+    let mut next_joint = next_set(&masks.joints, 0, n);
+    let mut at = 0;
+    loop {
+        let start = next_set(&masks.alnum, at, n);
+        if start >= n {
+            break;
+        }
+        let end = run_end(masks, start, n);
+        at = end;
+        let run = &text[start..end];
+        if next_joint < start {
+            next_joint = next_set(&masks.joints, start, n);
+        }
+        if next_joint < end {
+            joined_run(run, &mut |raw, kind| f(raw, kind, packed(raw)));
+            continue;
+        }
+        // Sixteen bytes from the start, all but the term's masked off.
+        let len = end - start;
+        let key = match bytes.get(start..start + 16) {
+            Some(window) if len <= 15 => {
+                let window = u128::from_le_bytes(window.try_into().unwrap_or([0; 16]));
+                Some(window & ((1u128 << (8 * len)) - 1) | (len as u128) << 120)
+            }
+            _ => packed(run),
+        };
+        f(run, Kind::Plain, key);
     }
 }
 
@@ -914,9 +1246,39 @@ const STOPWORDS: &[&str] = &[
     "your", "yours",
 ];
 
-/// Whether a case-folded word is one of [`STOPWORDS`].
+/// [`STOPWORDS`] as integers (each word's bytes, little-endian: none is
+/// longer than 8), sorted for a binary search of integer compares.
+static STOPWORD_KEYS: [u64; STOPWORDS.len()] = {
+    let mut keys = [0u64; STOPWORDS.len()];
+    let mut i = 0;
+    while i < keys.len() {
+        let word = STOPWORDS[i].as_bytes();
+        assert!(word.len() <= 8, "a stopword fits in a u64");
+        let mut b = 0;
+        while b < word.len() {
+            keys[i] |= (word[b] as u64) << (8 * b);
+            b += 1;
+        }
+        // Insertion sort: a few thousand steps, once, at compile time.
+        let mut j = i;
+        while j > 0 && keys[j - 1] > keys[j] {
+            let earlier = keys[j - 1];
+            keys[j - 1] = keys[j];
+            keys[j] = earlier;
+            j -= 1;
+        }
+        i += 1;
+    }
+    keys
+};
+
+/// Whether a case-folded word is one of [`STOPWORDS`]. A word is never
+/// NUL, so its bytes padded with zeros are its own.
 pub fn is_stopword(word: &str) -> bool {
-    STOPWORDS.binary_search(&word).is_ok()
+    word.len() <= 8
+        && STOPWORD_KEYS
+            .binary_search(&le_bytes(word.as_bytes()))
+            .is_ok()
 }
 
 #[cfg(test)]
@@ -932,6 +1294,144 @@ mod tests {
     #[test]
     fn stopwords_are_sorted_for_binary_search() {
         assert!(STOPWORDS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn the_stopword_keys_find_exactly_the_stopwords() {
+        let mut words: Vec<String> = vec![
+            String::new(),
+            "a".into(),
+            "abou".into(),
+            "abouts".into(),
+            "toe".into(),
+            "t".into(),
+            "yourselves".into(),
+            "\u{e5}r".into(),
+        ];
+        for w in STOPWORDS {
+            words.push((*w).into());
+            words.push(format!("{w}s"));
+            words.push(w[..w.len() - 1].into());
+            words.push(w[1..].into());
+        }
+        for w in &words {
+            assert_eq!(
+                is_stopword(w),
+                STOPWORDS.binary_search(&w.as_str()).is_ok(),
+                "{w:?}"
+            );
+        }
+    }
+
+    /// Each term of `text` with its kind and key, as the generic scan gives
+    /// them and as [`for_each_keyed_term`] does.
+    fn both_scans(
+        text: &str,
+    ) -> (
+        Vec<(String, Kind, Option<u128>)>,
+        Vec<(String, Kind, Option<u128>)>,
+    ) {
+        let mut generic = Vec::new();
+        for_each_term(text, |raw, kind| {
+            generic.push((raw.to_owned(), kind, packed(raw)))
+        });
+        let mut keyed = Vec::new();
+        let mut masks = TermMasks::default();
+        // Twice with the same buffers: what one text leaves must not leak.
+        for _ in 0..2 {
+            keyed.clear();
+            for_each_keyed_term(text, &mut masks, |raw, kind, key| {
+                keyed.push((raw.to_owned(), kind, key))
+            });
+        }
+        (generic, keyed)
+    }
+
+    #[test]
+    fn the_mask_scan_gives_the_generic_scans_terms() {
+        let long: String = (0..40).map(|i| format!("w{i}-x{i}.y z_{i} ")).collect();
+        for text in [
+            "",
+            "a",
+            "-",
+            "The gate code for depot Norrby is 7731-KAPPA.",
+            "see src/main.rs:42 and v1.2.3, a--b a-_b -a- x@y.z #1 c++ a+b",
+            "v2. Deploy- end-",
+            "abcdefghijklmnopqrstuvwxyz0123456789 ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+            "exactly-sixty-four-bytes-long-text-to-test-the-block-boundary!!",
+            "exactly sixty four bytes long text to test the block boundary ab",
+            "sixty-three bytes then a joiner over the block boundary: abcdef-g",
+            "Ärger über naïve code", // not ASCII: the generic scan itself
+            &long,
+        ] {
+            let (generic, keyed) = both_scans(text);
+            assert_eq!(keyed, generic, "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+        /// Random ASCII text, rich in joiners, runs of every length and
+        /// block boundaries, scans to the same terms and keys either way.
+        #[test]
+        fn random_ascii_scans_the_same_either_way(pieces in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::string::string_regex("[a-zA-Z]{1,20}").unwrap(),
+                proptest::string::string_regex("[0-9]{1,7}").unwrap(),
+                proptest::string::string_regex("[ \t\n]{1,3}").unwrap(),
+                proptest::string::string_regex("[-_./:#@+,;!?'()]{1,2}").unwrap(),
+            ],
+            0..60,
+        )) {
+            let text = pieces.concat();
+            let (generic, keyed) = both_scans(&text);
+            proptest::prop_assert_eq!(keyed, generic);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// What the query counter's prefix filter relies on: a plain word
+        /// of ASCII letters and digits normalises to nothing or to a term
+        /// that starts with its first two bytes, case-folded.
+        #[test]
+        fn normalising_keeps_a_words_first_two_bytes(
+            word in "[a-zA-Z0-9]{1,6}(ies|ied|sses|ss|us|is|s|ing|ed|ation|ment|ness|y|e|bb|dd|tt|)(s|ed|ing|)"
+        ) {
+            let folded = word.to_ascii_lowercase();
+            if let Some(term) = normalize(&word, Kind::Plain, &mut String::new()) {
+                proptest::prop_assert_eq!(&term.as_bytes()[..2], &folded.as_bytes()[..2]);
+            }
+        }
+    }
+
+    #[test]
+    fn counting_query_terms_in_text_equals_counting_them_in_analyses() {
+        let mut query = Query::default();
+        let asked = "Which gate codes open depot-7 at Norrby? src/main.rs tries copies \
+                     \u{212a}elvin a-b ab ärger";
+        for_each_term(asked, |t, k| query.add(t, k));
+        let mut counter = QueryCounter::new(&query);
+        for text in [
+            "The gate code for depot Norrby is 7731-KAPPA; gates coded.",
+            "depot-7 and depot 7 and DEPOT-7, see src/main.rs and main.rs",
+            "nothing here",
+            "Ärger: the gate at Norrby, naïve codes",
+            "",
+            "try TRIED tries Copy copied; kelvin KELVIN \u{212a}elvin, A-B a-b AB ab Ab ärger ÄRGER",
+            "ab-cd a-bc 1-2 a_b A@B",
+        ] {
+            let analysis = Analysis::of(text);
+            let mut expected = vec![0u32; query.terms.len()];
+            query.count_in(&analysis, &mut expected);
+            let mut counted = vec![0u32; query.terms.len()];
+            assert_eq!(
+                counter.count(text, &mut counted),
+                analysis.length,
+                "{text:?}"
+            );
+            assert_eq!(counted, expected, "{text:?}");
+        }
     }
 
     #[test]
