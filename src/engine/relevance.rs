@@ -578,7 +578,16 @@ impl<'q> QueryCounter<'q> {
 
     /// Adds the count of each query term in `text` to `counts`; returns the
     /// text's length in terms, as its [`Analysis`] has it.
+    ///
+    /// An ASCII text is read from its bit masks, not term by term: its
+    /// length is counted from the run starts, and only the words whose
+    /// first two bytes start a query term are looked at. A plain term is
+    /// a run of letters and digits (a lone one, or a part of a joined
+    /// run); a joined run, rare, is one more term.
     fn count(&mut self, text: &str, counts: &mut [u32]) -> u32 {
+        if !self.masks.fill(text.as_bytes()) {
+            return self.count_term_by_term(text, counts);
+        }
         let QueryCounter {
             query,
             prefixes,
@@ -586,22 +595,77 @@ impl<'q> QueryCounter<'q> {
             buf,
             masks,
         } = self;
+        let bytes = text.as_bytes();
+        let alnum = &masks.alnum;
+        let mut add = |raw: &str, kind: Kind, key: Option<u128>| {
+            let t = query_term_of_raw.value(raw, key, || query.index_of(raw, kind, buf));
+            if let Some(count) = counts.get_mut(t as usize) {
+                *count += 1;
+            }
+        };
         let mut length = 0u32;
-        for_each_keyed_term(
-            text,
-            masks,
-            #[inline(always)]
-            |raw, kind, key| {
+        // The last bit of the word before: whether a run crosses into this.
+        let mut carry = 0u64;
+        for (w, &here) in alnum.iter().enumerate() {
+            let starts = here & !(here << 1 | carry);
+            carry = here >> 63;
+            length += starts.count_ones();
+            // A one-letter word is never a term: only runs of two or more.
+            let after = here >> 1 | alnum.get(w + 1).map_or(0, |&next| next << 63);
+            let mut words = starts & after;
+            while words != 0 {
+                let start = w * 64 + words.trailing_zeros() as usize;
+                words &= words - 1;
+                let Some(&[a, b]) = bytes.get(start..start + 2) else {
+                    continue;
+                };
+                if !starts_a_term_of(a, b, prefixes) {
+                    continue;
+                }
+                let end = next_set(alnum, start, bytes.len(), true);
+                add(
+                    &text[start..end],
+                    Kind::Plain,
+                    window_key(bytes, start, end),
+                );
+            }
+        }
+        // Each joined run whole, found from its first joint.
+        let mut joined_end = 0;
+        let mut joint = next_set(&masks.joints, 0, bytes.len(), false);
+        while joint < bytes.len() {
+            if joint >= joined_end {
+                let start = run_start(masks, joint);
+                joined_end = run_end(masks, start, bytes.len());
                 length += 1;
-                if kind == Kind::Plain && !may_start_a_term_of(raw, prefixes) {
-                    return;
-                }
-                let t = query_term_of_raw.value(raw, key, || query.index_of(raw, kind, buf));
-                if let Some(count) = counts.get_mut(t as usize) {
-                    *count += 1;
-                }
-            },
-        );
+                let run = &text[start..joined_end];
+                add(run, Kind::Joined, packed(run));
+            }
+            joint = next_set(&masks.joints, joint + 1, bytes.len(), false);
+        }
+        length
+    }
+
+    /// [`Self::count`] for a text that is not all ASCII, by the generic scan.
+    fn count_term_by_term(&mut self, text: &str, counts: &mut [u32]) -> u32 {
+        let QueryCounter {
+            query,
+            prefixes,
+            query_term_of_raw,
+            buf,
+            ..
+        } = self;
+        let mut length = 0u32;
+        for_each_term(text, |raw, kind| {
+            length += 1;
+            if kind == Kind::Plain && !may_start_a_term_of(raw, prefixes) {
+                return;
+            }
+            let t = query_term_of_raw.value(raw, packed(raw), || query.index_of(raw, kind, buf));
+            if let Some(count) = counts.get_mut(t as usize) {
+                *count += 1;
+            }
+        });
         length
     }
 }
@@ -616,15 +680,20 @@ impl<'q> QueryCounter<'q> {
 fn may_start_a_term_of(raw: &str, prefixes: &[u64]) -> bool {
     match *raw.as_bytes() {
         [] | [_] => false,
-        [a, b, ..] if a.is_ascii() && b.is_ascii() => {
-            // Letters and digits only: `| 0x20` folds a letter, keeps a digit.
-            let p = usize::from(u16::from_le_bytes([a | 0x20, b | 0x20]));
-            prefixes
-                .get(p / 64)
-                .is_some_and(|w| w & (1 << (p % 64)) != 0)
-        }
+        [a, b, ..] if a.is_ascii() && b.is_ascii() => starts_a_term_of(a, b, prefixes),
         _ => true,
     }
+}
+
+/// Whether a word starting with the ASCII letters or digits `a` and `b`
+/// can normalise to a term whose first two bytes are in `prefixes`.
+#[inline(always)]
+fn starts_a_term_of(a: u8, b: u8, prefixes: &[u64]) -> bool {
+    // Letters and digits only: `| 0x20` folds a letter and keeps a digit.
+    let p = usize::from(u16::from_le_bytes([a | 0x20, b | 0x20]));
+    prefixes
+        .get(p / 64)
+        .is_some_and(|w| w & (1 << (p % 64)) != 0)
 }
 
 /// A map from [`packed`] terms to slots: open addressing with linear
@@ -1062,22 +1131,62 @@ const fn gather_high_bits(high: u64) -> u64 {
     ((high >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
 }
 
-/// The first set bit of `words` at or after `from`, or `end` if none.
+/// The first bit of `words` at or after `from` that is set (or clear, if
+/// `clear`), or `end` if none.
 #[inline(always)]
-fn next_set(words: &[u64], from: usize, end: usize) -> usize {
+fn next_set(words: &[u64], from: usize, end: usize, clear: bool) -> usize {
+    let flip = if clear { !0u64 } else { 0 };
     let mut w = from / 64;
     let Some(&first) = words.get(w) else {
         return end;
     };
-    let mut word = first & (!0u64 << (from % 64));
+    let mut word = (first ^ flip) & (!0u64 << (from % 64));
     while word == 0 {
         w += 1;
         match words.get(w) {
-            Some(&next) => word = next,
+            Some(&next) => word = next ^ flip,
             None => return end,
         }
     }
     w * 64 + word.trailing_zeros() as usize
+}
+
+/// The start of the run (letters, digits and joints) that holds `at`.
+fn run_start(masks: &TermMasks, at: usize) -> usize {
+    let in_run = |w: usize| match (masks.alnum.get(w), masks.joints.get(w)) {
+        (Some(a), Some(j)) => a | j,
+        _ => 0,
+    };
+    let mut w = at / 64;
+    // The bytes before `at` in its word that are outside any run.
+    let mut outside = !in_run(w) & ((1u64 << (at % 64)) - 1);
+    while outside == 0 {
+        if w == 0 {
+            return 0;
+        }
+        w -= 1;
+        outside = !in_run(w);
+    }
+    w * 64 + 64 - outside.leading_zeros() as usize
+}
+
+/// The [`packed`] key of `bytes[start..end]`, from one 16-byte load when
+/// the text goes on that far, all but the term's bytes masked off.
+#[inline(always)]
+fn window_key(bytes: &[u8], start: usize, end: usize) -> Option<u128> {
+    let len = end.checked_sub(start).filter(|&len| len <= 15)?;
+    let term = match bytes.get(start..start + 16) {
+        Some(window) => {
+            u128::from_le_bytes(window.try_into().unwrap_or([0; 16])) & ((1u128 << (8 * len)) - 1)
+        }
+        // Near the end of the text: the term's bytes only.
+        None => {
+            let mut padded = [0u8; 16];
+            padded[..len].copy_from_slice(bytes.get(start..end)?);
+            u128::from_le_bytes(padded)
+        }
+    };
+    Some(term | (len as u128) << 120)
 }
 
 /// The first byte at or after `from` that is neither a letter or digit nor
@@ -1121,10 +1230,10 @@ fn for_each_keyed_term(
     let bytes = text.as_bytes();
     let n = bytes.len();
     // Joints are rare: where the next one is, found again once passed.
-    let mut next_joint = next_set(&masks.joints, 0, n);
+    let mut next_joint = next_set(&masks.joints, 0, n, false);
     let mut at = 0;
     loop {
-        let start = next_set(&masks.alnum, at, n);
+        let start = next_set(&masks.alnum, at, n, false);
         if start >= n {
             break;
         }
@@ -1132,21 +1241,13 @@ fn for_each_keyed_term(
         at = end;
         let run = &text[start..end];
         if next_joint < start {
-            next_joint = next_set(&masks.joints, start, n);
+            next_joint = next_set(&masks.joints, start, n, false);
         }
         if next_joint < end {
             joined_run(run, &mut |raw, kind| f(raw, kind, packed(raw)));
             continue;
         }
-        // Sixteen bytes from the start, all but the term's masked off.
-        let len = end - start;
-        let key = match bytes.get(start..start + 16) {
-            Some(window) if len <= 15 => {
-                let window = u128::from_le_bytes(window.try_into().unwrap_or([0; 16]));
-                Some(window & ((1u128 << (8 * len)) - 1) | (len as u128) << 120)
-            }
-            _ => packed(run),
-        };
+        let key = window_key(bytes, start, end);
         f(run, Kind::Plain, key);
     }
 }
@@ -1386,6 +1487,17 @@ mod tests {
             let text = pieces.concat();
             let (generic, keyed) = both_scans(&text);
             proptest::prop_assert_eq!(keyed, generic);
+
+            // Asked about the words of its first half, the query counter
+            // counts what the analysis holds.
+            let mut query = Query::default();
+            for_each_term(&pieces[..pieces.len() / 2].concat(), |t, k| query.add(t, k));
+            let analysis = Analysis::of(&text);
+            let mut expected = vec![0u32; query.terms.len()];
+            query.count_in(&analysis, &mut expected);
+            let mut counted = vec![0u32; query.terms.len()];
+            let length = QueryCounter::new(&query).count(&text, &mut counted);
+            proptest::prop_assert_eq!((length, counted), (analysis.length, expected));
         }
     }
 
