@@ -130,7 +130,9 @@ impl Checkpoints for CheckpointStore {
 /// emptied on reload with the configuration that holds it. Only an
 /// accelerator: a miss costs the analysis, never a different result.
 pub struct AnalysisStore {
-    analyses: Option<Cache<u128, CachedAnalysis>>,
+    /// Keys are 128-bit hashes already: Fx folds them in a few
+    /// instructions, where the default SipHash would hash them again.
+    analyses: Option<Cache<u128, CachedAnalysis, rustc_hash::FxBuildHasher>>,
 }
 
 impl AnalysisStore {
@@ -142,7 +144,7 @@ impl AnalysisStore {
                 // A history entry is read once, by its conversation's next
                 // turn: frequency-based admission would turn most away.
                 .eviction_policy(moka::policy::EvictionPolicy::lru())
-                .build()
+                .build_with_hasher(rustc_hash::FxBuildHasher)
         });
         AnalysisStore { analyses }
     }

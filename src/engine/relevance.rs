@@ -463,21 +463,41 @@ impl TermMemo {
 
 /// Analyses texts one after another, sharing what it learnt of each raw
 /// term ([`TermMemo`]) and its scan buffers.
-#[derive(Default)]
 struct Analyzer {
-    /// Raw term -> its slot, or [`NOT_A_TERM`] for stopwords and one-letter
+    /// Raw term -> its slot; [`NO_TERM_SLOT`] for stopwords and one-letter
     /// words.
     slot_of_raw: TermMemo,
     /// Normalised term id -> slot.
     slot_of_id: FxHashMap<u64, u32>,
+    /// The term id of each slot.
     ids: Vec<u64>,
+    /// The count of each slot in the text being analysed.
     counts: Vec<u32>,
+    /// The slots counted in the text being analysed, in the order first
+    /// seen: one place longer than `counts`, so that the place after the
+    /// last slot kept is always there to be written.
     touched: Vec<u32>,
     buf: String,
     masks: TermMasks,
 }
 
-const NOT_A_TERM: u32 = u32::MAX;
+/// The slot that stopwords and one-letter words count in, so that counting
+/// a term takes no branch; it is left out of the analysis.
+const NO_TERM_SLOT: u32 = 0;
+
+impl Default for Analyzer {
+    fn default() -> Self {
+        Analyzer {
+            slot_of_raw: TermMemo::default(),
+            slot_of_id: FxHashMap::default(),
+            ids: vec![0],
+            counts: vec![0],
+            touched: vec![0; 2],
+            buf: String::new(),
+            masks: TermMasks::default(),
+        }
+    }
+}
 
 impl Analyzer {
     fn analyze(&mut self, text: &str) -> Analysis {
@@ -491,7 +511,11 @@ impl Analyzer {
             masks,
         } = self;
         let mut length = 0u32;
+        let mut touched_len = 0usize;
         // Inlined into the scan: this runs for every term of the history.
+        // Branch-free past the lookup: stopwords count in their own slot,
+        // and a slot is always written to `touched` but kept there only
+        // the first time.
         for_each_keyed_term(
             text,
             masks,
@@ -499,23 +523,24 @@ impl Analyzer {
             |raw, kind, key| {
                 length += 1;
                 let slot = slot_of_raw.value(raw, key, || {
-                    learn_slot(raw, kind, buf, slot_of_id, ids, counts)
-                });
-                if slot != NOT_A_TERM {
-                    let count = &mut counts[slot as usize];
-                    if *count == 0 {
-                        touched.push(slot);
-                    }
+                    learn_slot(raw, kind, buf, slot_of_id, ids, counts, touched)
+                }) as usize;
+                if let (Some(count), Some(place)) =
+                    (counts.get_mut(slot), touched.get_mut(touched_len))
+                {
+                    *place = slot as u32;
+                    touched_len += usize::from(*count == 0);
                     *count += 1;
                 }
             },
         );
-        let mut terms = Vec::with_capacity(touched.len());
-        for &slot in touched.iter() {
+        let mut terms = Vec::with_capacity(touched_len);
+        for &slot in &touched[..touched_len] {
             let count = std::mem::take(&mut counts[slot as usize]);
-            terms.push((ids[slot as usize], count));
+            if slot != NO_TERM_SLOT {
+                terms.push((ids[slot as usize], count));
+            }
         }
-        touched.clear();
         Analysis { terms, length }
     }
 }
@@ -531,15 +556,17 @@ fn learn_slot(
     slot_of_id: &mut FxHashMap<u64, u32>,
     ids: &mut Vec<u64>,
     counts: &mut Vec<u32>,
+    touched: &mut Vec<u32>,
 ) -> u32 {
     let Some(term) = normalize(raw, kind, buf) else {
-        return NOT_A_TERM;
+        return NO_TERM_SLOT;
     };
     let id = term_id(&term);
     *buf = term;
     *slot_of_id.entry(id).or_insert_with(|| {
         ids.push(id);
         counts.push(0);
+        touched.push(0);
         (ids.len() - 1) as u32
     })
 }
@@ -552,11 +579,14 @@ struct QueryCounter<'q> {
     /// little-endian `u16`, are `p`: most words of a history start
     /// otherwise, and are passed over with one bit test.
     prefixes: Vec<u64>,
-    /// Raw term -> the index of its query term, or [`NOT_A_TERM`].
+    /// Raw term -> the index of its query term, or [`NOT_A_QUERY_TERM`].
     query_term_of_raw: TermMemo,
     buf: String,
     masks: TermMasks,
 }
+
+/// What [`QueryCounter`] maps a raw term that is no query term to.
+const NOT_A_QUERY_TERM: u32 = u32::MAX;
 
 impl<'q> QueryCounter<'q> {
     fn new(query: &'q Query) -> Self {
@@ -698,13 +728,33 @@ fn starts_a_term_of(a: u8, b: u8, prefixes: &[u64]) -> bool {
 
 /// A map from [`packed`] terms to slots: open addressing with linear
 /// probing over a power-of-two table, at most half full. Lighter than a
-/// general hash map for the one lookup every term of a history makes.
+/// general hash map for the one lookup every term of a history makes; a
+/// key and its slot share a place, so a lookup reads one cache line.
 #[derive(Default)]
 struct ShortTerms {
-    /// 0 marks an empty place: a packed key holds its length, never 0.
-    keys: Vec<u128>,
-    slots: Vec<u32>,
+    places: Vec<Place>,
     len: usize,
+}
+
+/// A packed key in two halves, and its slot. An empty place has key 0: a
+/// packed key holds its length, never 0.
+#[derive(Clone, Copy, Default)]
+struct Place {
+    low: u64,
+    high: u64,
+    slot: u32,
+}
+
+impl Place {
+    #[inline(always)]
+    fn holds(&self, key: u128) -> bool {
+        self.low == key as u64 && self.high == (key >> 64) as u64
+    }
+
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.low == 0 && self.high == 0
+    }
 }
 
 impl ShortTerms {
@@ -716,17 +766,17 @@ impl ShortTerms {
 
     #[inline(always)]
     fn get(&self, key: u128) -> Option<&u32> {
-        if self.keys.is_empty() {
+        if self.places.is_empty() {
             return None;
         }
-        let mask = self.keys.len() - 1;
+        let mask = self.places.len() - 1;
         let mut i = Self::place(key, mask);
         loop {
-            let k = self.keys[i];
-            if k == key {
-                return Some(&self.slots[i]);
+            let place = &self.places[i];
+            if place.holds(key) {
+                return Some(&place.slot);
             }
-            if k == 0 {
+            if place.is_empty() {
                 return None;
             }
             i = (i + 1) & mask;
@@ -734,37 +784,43 @@ impl ShortTerms {
     }
 
     fn insert(&mut self, key: u128, slot: u32) -> Option<u32> {
-        if (self.len + 1) * 2 > self.keys.len() {
+        if (self.len + 1) * 2 > self.places.len() {
             self.grow();
         }
-        let mask = self.keys.len() - 1;
+        let mask = self.places.len() - 1;
         let mut i = Self::place(key, mask);
-        while self.keys[i] != 0 && self.keys[i] != key {
+        while !self.places[i].is_empty() && !self.places[i].holds(key) {
             i = (i + 1) & mask;
         }
-        if self.keys[i] == key {
-            return Some(std::mem::replace(&mut self.slots[i], slot));
+        let place = &mut self.places[i];
+        if place.holds(key) {
+            return Some(std::mem::replace(&mut place.slot, slot));
         }
-        self.keys[i] = key;
-        self.slots[i] = slot;
+        *place = Place {
+            low: key as u64,
+            high: (key >> 64) as u64,
+            slot,
+        };
         self.len += 1;
         None
     }
 
     #[cold]
     fn grow(&mut self) {
-        let size = (self.keys.len() * 2).max(1024);
+        let size = (self.places.len() * 2).max(1024);
         let old = std::mem::replace(
             self,
             ShortTerms {
-                keys: vec![0; size],
-                slots: vec![0; size],
+                places: vec![Place::default(); size],
                 len: 0,
             },
         );
-        for (key, slot) in old.keys.into_iter().zip(old.slots) {
-            if key != 0 {
-                self.insert(key, slot);
+        for place in old.places {
+            if !place.is_empty() {
+                self.insert(
+                    u128::from(place.low) | u128::from(place.high) << 64,
+                    place.slot,
+                );
             }
         }
     }
@@ -843,19 +899,19 @@ impl Query {
         }
     }
 
-    /// The index of the query term `raw` normalises to, or [`NOT_A_TERM`].
+    /// The index of the query term `raw` normalises to, or [`NOT_A_QUERY_TERM`].
     #[cold]
     #[inline(never)]
     fn index_of(&self, raw: &str, kind: Kind, buf: &mut String) -> u32 {
         let Some(term) = normalize(raw, kind, buf) else {
-            return NOT_A_TERM;
+            return NOT_A_QUERY_TERM;
         };
         let id = term_id(&term);
         *buf = term;
         self.ids
             .iter()
             .position(|&q| q == id)
-            .map_or(NOT_A_TERM, |t| t as u32)
+            .map_or(NOT_A_QUERY_TERM, |t| t as u32)
     }
 
     /// Adds the count of each query term in `analysis` to `counts`.
@@ -1229,26 +1285,39 @@ fn for_each_keyed_term(
     }
     let bytes = text.as_bytes();
     let n = bytes.len();
-    // Joints are rare: where the next one is, found again once passed.
-    let mut next_joint = next_set(&masks.joints, 0, n, false);
-    let mut at = 0;
-    loop {
-        let start = next_set(&masks.alnum, at, n, false);
-        if start >= n {
-            break;
+    let alnum = &masks.alnum;
+    // Joints are rare: where the next one is (past any run if none),
+    // found again once passed.
+    let mut next_joint = next_set(&masks.joints, 0, usize::MAX, false);
+    // The end of the joined run whose parts are being given.
+    let mut joined_end = 0;
+    // The last bit of the word before: whether a run crosses into this.
+    let mut carry = 0u64;
+    for (w, &here) in alnum.iter().enumerate() {
+        let mut starts = here & !(here << 1 | carry);
+        carry = here >> 63;
+        while starts != 0 {
+            let start = w * 64 + starts.trailing_zeros() as usize;
+            starts &= starts - 1;
+            let end = next_set(alnum, start, n, true);
+            if start >= joined_end {
+                if next_joint < start {
+                    next_joint = next_set(&masks.joints, start, usize::MAX, false);
+                }
+                // A joint right after the letters: a joined run, given whole
+                // before its parts (the letters here are the first).
+                if next_joint == end {
+                    joined_end = run_end(masks, start, n);
+                    let run = &text[start..joined_end];
+                    f(run, Kind::Joined, packed(run));
+                }
+            }
+            f(
+                &text[start..end],
+                Kind::Plain,
+                window_key(bytes, start, end),
+            );
         }
-        let end = run_end(masks, start, n);
-        at = end;
-        let run = &text[start..end];
-        if next_joint < start {
-            next_joint = next_set(&masks.joints, start, n, false);
-        }
-        if next_joint < end {
-            joined_run(run, &mut |raw, kind| f(raw, kind, packed(raw)));
-            continue;
-        }
-        let key = window_key(bytes, start, end);
-        f(run, Kind::Plain, key);
     }
 }
 
