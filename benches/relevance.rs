@@ -72,6 +72,17 @@ fn history_of(bytes: usize) -> Vec<Message> {
     messages
 }
 
+/// A cache that is on but keeps nothing: every message's analysis is built
+/// as for a store, without a store's inserts, to tell the two costs apart.
+struct KeepsNothing;
+
+impl relevance::AnalysisCache for KeepsNothing {
+    fn get(&self, _: u128) -> Option<relevance::CachedAnalysis> {
+        None
+    }
+    fn put(&self, _: u128, _: relevance::CachedAnalysis) {}
+}
+
 fn cost(c: &mut Criterion) {
     let history = history_of(200 * 1024);
     // The turn after `history`: an answer and a new question, about
@@ -123,6 +134,9 @@ fn cost(c: &mut Criterion) {
             |store| relevance::analyze_cached(black_box(&next_turn), None, &*store),
             BatchSize::PerIteration,
         )
+    });
+    group.bench_function("analyze/analyses_kept_nowhere", |b| {
+        b.iter(|| relevance::analyze_cached(black_box(&next_turn), None, &KeepsNothing))
     });
     group.bench_function("analyze/warm", |b| {
         b.iter_batched_ref(
@@ -183,10 +197,31 @@ fn cost(c: &mut Criterion) {
             )))
         })
     });
+    let analyze_building = fastest(&mut || {
+        time(&|| {
+            drop(black_box(relevance::analyze_cached(
+                black_box(&next_turn),
+                None,
+                &KeepsNothing,
+            )))
+        })
+    });
+    let analyze_filling = fastest(&mut || {
+        let store = AnalysisStore::new(64 << 20);
+        time(&|| {
+            drop(black_box(relevance::analyze_cached(
+                black_box(&next_turn),
+                None,
+                &store,
+            )))
+        })
+    });
     println!(
         "fastest of 300: compact seed {seed_time:?}, relevance cold {cold_time:?} (+{:?}), \
          relevance cold filling an empty cache {filling_time:?} (+{:?}), \
-         relevance warm {warm_time:?} (+{:?}); analyze cold {analyze_cold:?}, warm {analyze_warm:?}",
+         relevance warm {warm_time:?} (+{:?}); analyze cold {analyze_cold:?}, \
+         building every analysis but keeping none {analyze_building:?}, \
+         filling an empty cache {analyze_filling:?}, warm {analyze_warm:?}",
         cold_time.saturating_sub(seed_time),
         filling_time.saturating_sub(seed_time),
         warm_time.saturating_sub(seed_time),
