@@ -14,7 +14,7 @@
 use rustc_hash::FxHashMap;
 
 use super::score::Scores;
-use super::text::jaccard_at_least;
+use super::text::MarkedSet;
 use super::{round_to, DedupeRule, DedupeStage, Duplicate, Policy, Role, Working, DEDUPE_METHOD};
 
 /// Candidate entries the stage may visit in one run. A conversation the
@@ -34,6 +34,7 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
         let index = PrefixIndex::new(scores, threshold);
         let mut seen: FxHashMap<(Role, u32), Vec<usize>> = FxHashMap::default();
         let mut candidates = Vec::new();
+        let mut marked = MarkedSet::new();
         for j in 0..work.messages.len() {
             if work.fits() {
                 break;
@@ -58,9 +59,11 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
                 }
                 candidates.sort_unstable();
                 candidates.dedup();
-                let set = &scores.word_sets[j];
+                if !candidates.is_empty() {
+                    marked.mark(&scores.word_sets[j], scores.vocabulary_len());
+                }
                 let first = candidates.iter().find_map(|&i| {
-                    Some((i, jaccard_at_least(&scores.word_sets[i], set, threshold)?))
+                    Some((i, marked.jaccard_at_least(&scores.word_sets[i], threshold)?))
                 });
                 if let Some((i, similarity)) = first {
                     removed.push(Duplicate {
