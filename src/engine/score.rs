@@ -20,7 +20,9 @@ pub(super) struct Scores {
 
 impl Scores {
     pub fn new(messages: &[Message]) -> Self {
-        let mut vocab = Vocabulary::default();
+        // Varied English text brings a new word every 60 to 100 bytes.
+        let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+        let mut vocab = Vocabulary::with_capacity(bytes / 64);
         let mut buf = Vec::new();
         let mut counts: Vec<u32> = Vec::new();
         let mut word_sets = Vec::with_capacity(messages.len());
