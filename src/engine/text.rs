@@ -238,7 +238,7 @@ fn ascii_alphanumeric(v: u64) -> u64 {
         x.wrapping_add(ONES * (0x80 - lo)) & !x.wrapping_add(ONES * (0x7f - hi))
     };
     let digit = within(y, b'0' as u64, b'9' as u64);
-    let letter = within(y | ONES * 0x20, b'a' as u64, b'z' as u64);
+    let letter = within(y | (ONES * 0x20), b'a' as u64, b'z' as u64);
     (digit | letter) & !v & HIGH_BITS
 }
 
@@ -251,7 +251,7 @@ fn lowercase_first(v: u64, len: usize) -> u64 {
     } else {
         (1u64 << (8 * len)) - 1
     };
-    (v | ONES * 0x20) & keep
+    (v | (ONES * 0x20)) & keep
 }
 
 /// Words up to this many bytes are keyed by their packed bytes.
