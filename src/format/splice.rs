@@ -33,6 +33,12 @@ pub(crate) fn string_at<'a>(
     if !text.starts_with('"') {
         return None;
     }
+    // `raw` was read as valid JSON: without a backslash, the string's text
+    // is what lies between its quotes.
+    let inner = &text[1..text.len() - 1];
+    if !inner.as_bytes().contains(&b'\\') {
+        return Some((span(body, text), Cow::Borrowed(inner)));
+    }
     Some((span(body, text), serde_json::from_str(text).ok()?))
 }
 
