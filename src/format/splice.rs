@@ -442,6 +442,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn strings_read_with_and_without_escapes_decode_as_json_does() {
+        let body = r#"["plain text", "tab\there \"quoted\" \u00e9", "", "ünïcode"]"#;
+        let raws = elements(body).unwrap();
+        for raw in raws {
+            let (at, text) = string_at(body, raw).unwrap();
+            let decoded: String = serde_json::from_str(raw.get()).unwrap();
+            assert_eq!(text, decoded);
+            assert_eq!(&body[at], raw.get());
+        }
+        let number: &RawValue = serde_json::from_str("5").unwrap();
+        assert!(string_at("5", number).is_none());
+    }
+
+    #[test]
     fn removal_keeps_arrays_valid_json() {
         let base = "[1,2, 3 ,4]";
         let spans = vec![1..2, 3..4, 6..7, 9..10];
