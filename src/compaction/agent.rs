@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 
-use crate::engine::text::{char_count, char_prefix, jaccard_at_least, Vocabulary, WordSets};
+use crate::engine::text::{char_count, char_prefix, MarkedSet, Vocabulary, WordSets};
 use crate::engine::Role;
 use crate::format::Conversation;
 
@@ -568,6 +568,7 @@ pub fn run(
         let mut vocabulary = Vocabulary::default();
         let mut sets = WordSets::new();
         let mut ids = Vec::new();
+        let mut marked = MarkedSet::new();
         // Earlier results by tool: (item, word set).
         let mut earlier: HashMap<&str, Vec<(usize, Vec<u32>)>> = HashMap::new();
         for i in 0..window_start {
@@ -583,9 +584,12 @@ pub fn run(
             let list = earlier.entry(tool).or_default();
             if total > budget && candidate(i) && !set.is_empty() {
                 // The most recent earlier results are the likely repeats.
+                marked.mark(&set, vocabulary.len());
                 let found = list.iter().rev().take(64).find(|(k, other)| {
                     items[*k].text == items[i].text
-                        || jaccard_at_least(other, &set, policy.tool_duplicate_threshold).is_some()
+                        || marked
+                            .jaccard_at_least(other, policy.tool_duplicate_threshold)
+                            .is_some()
                 });
                 if let Some(&(k, _)) = found {
                     let of = items[k].answers.clone().unwrap_or_default();

@@ -375,28 +375,31 @@ pub fn run_passes(
         &policy.agent,
         &|item, call| parsed.can_replace_arguments(item, call),
     );
-    let edited = edits.apply(conversation);
+    // A chat without tools (most bodies) has no edits: the conversation
+    // and the messages already made from it are what the engine sees.
+    let applied;
+    let edited = if edits.is_empty() {
+        conversation
+    } else {
+        applied = edits.apply(conversation);
+        &applied
+    };
     // Excluded tools' units reach the engine as fixed chars: it may drop
     // them whole but never cut them.
     let excluded = agent::excluded_items(conversation, &policy.agent);
     // Pins come from the items as they came, not from the edited text.
-    let messages: Vec<Message> = messages
-        .into_iter()
-        .zip(&edited.items)
-        .zip(&excluded)
-        .map(|((m, item), &excluded)| {
-            let (content, fixed_chars) = if excluded {
-                (String::new(), item.chars())
-            } else {
-                (item.text.clone(), item.fixed_chars)
-            };
-            Message {
-                content,
-                fixed_chars,
-                ..m
+    let mut messages = messages;
+    for (i, (m, item)) in messages.iter_mut().zip(&edited.items).enumerate() {
+        if excluded[i] {
+            m.content = String::new();
+            m.fixed_chars = item.chars();
+        } else {
+            if edits.texts.contains_key(&i) {
+                m.content = item.text.clone();
             }
-        })
-        .collect();
+            m.fixed_chars = item.fixed_chars;
+        }
+    }
     let report =
         engine::compact_cached(&messages, &item_policy(&edited, policy), &*policy.analyses);
     let mut plan = plan_of(&report);

@@ -14,7 +14,7 @@
 use rustc_hash::FxHashMap;
 
 use super::score::Scores;
-use super::text::jaccard_at_least;
+use super::text::MarkedSet;
 use super::{round_to, DedupeRule, DedupeStage, Duplicate, Policy, Role, Working, DEDUPE_METHOD};
 
 /// Candidate entries the stage may visit in one run. A conversation the
@@ -32,8 +32,9 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
     let mut visits = 0usize;
     if !work.fits() {
         let index = PrefixIndex::new(scores, threshold);
-        let mut seen: FxHashMap<(Role, u32), Vec<usize>> = FxHashMap::default();
+        let mut seen = Postings::with_capacity(index.len());
         let mut candidates = Vec::new();
+        let mut marked = MarkedSet::new();
         for j in 0..work.messages.len() {
             if work.fits() {
                 break;
@@ -48,9 +49,7 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
             if !work.protected[j] && message.group.is_none() {
                 candidates.clear();
                 for &token in prefix {
-                    if let Some(earlier) = seen.get(&(message.role, token)) {
-                        candidates.extend_from_slice(earlier);
-                    }
+                    candidates.extend(seen.messages((message.role, token)));
                 }
                 visits += candidates.len();
                 if visits > MAX_CANDIDATE_VISITS {
@@ -58,9 +57,11 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
                 }
                 candidates.sort_unstable();
                 candidates.dedup();
-                let set = &scores.word_sets[j];
+                if !candidates.is_empty() {
+                    marked.mark(&scores.word_sets[j], scores.vocabulary_len());
+                }
                 let first = candidates.iter().find_map(|&i| {
-                    Some((i, jaccard_at_least(&scores.word_sets[i], set, threshold)?))
+                    Some((i, marked.jaccard_at_least(&scores.word_sets[i], threshold)?))
                 });
                 if let Some((i, similarity)) = first {
                     removed.push(Duplicate {
@@ -74,7 +75,7 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
                 }
             }
             for &token in prefix {
-                seen.entry((message.role, token)).or_default().push(j);
+                seen.add((message.role, token), j);
             }
         }
     }
@@ -87,6 +88,44 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
             duplicate_threshold: policy.duplicate_threshold,
             method: DEDUPE_METHOD,
         },
+    }
+}
+
+/// The earlier messages that hold each (role, prefix token), as linked
+/// lists in one vector: a conversation has thousands of distinct prefix
+/// tokens, and a vector per token would be as many allocations.
+#[derive(Default)]
+struct Postings {
+    /// Where each key's list starts in `entries`.
+    heads: FxHashMap<(Role, u32), u32>,
+    /// (message, the entry after it or [`Postings::END`]).
+    entries: Vec<(u32, u32)>,
+}
+
+impl Postings {
+    const END: u32 = u32::MAX;
+
+    fn with_capacity(entries: usize) -> Self {
+        Postings {
+            heads: FxHashMap::with_capacity_and_hasher(entries, Default::default()),
+            entries: Vec::with_capacity(entries),
+        }
+    }
+
+    fn add(&mut self, key: (Role, u32), message: usize) {
+        let entry = self.entries.len() as u32;
+        let next = self.heads.insert(key, entry).unwrap_or(Self::END);
+        self.entries.push((message as u32, next));
+    }
+
+    /// The messages added under `key`, latest first.
+    fn messages(&self, key: (Role, u32)) -> impl Iterator<Item = usize> + '_ {
+        let mut at = self.heads.get(&key).copied().unwrap_or(Self::END);
+        std::iter::from_fn(move || {
+            let &(message, next) = self.entries.get(at as usize)?;
+            at = next;
+            Some(message as usize)
+        })
     }
 }
 
@@ -120,6 +159,11 @@ impl PrefixIndex {
             })
             .collect();
         PrefixIndex { prefixes }
+    }
+
+    /// Prefix tokens over all messages.
+    fn len(&self) -> usize {
+        self.prefixes.iter().map(Vec::len).sum()
     }
 
     fn prefix(&self, i: usize) -> &[u32] {

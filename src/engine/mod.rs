@@ -351,7 +351,11 @@ pub fn compact_cached(
         out.push(OutputMessage {
             index: i,
             role: m.role,
-            content: text::char_prefix(&m.content, kept).to_owned(),
+            content: if trimmed {
+                text::char_prefix(&m.content, kept).to_owned()
+            } else {
+                m.content.clone()
+            },
             id: m.id.clone(),
             kept: if trimmed {
                 Kept::Trimmed

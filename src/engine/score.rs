@@ -11,7 +11,7 @@ const TOPIC_MIN_CHARS: usize = 3;
 
 pub(super) struct Scores {
     vocab: Vocabulary,
-    /// Sorted word-id set of each message.
+    /// Each message's word set: its distinct word ids, in first-seen order.
     pub word_sets: Vec<Vec<u32>>,
     /// Topic term ids, most frequent first.
     topic: Vec<u32>,
@@ -20,7 +20,9 @@ pub(super) struct Scores {
 
 impl Scores {
     pub fn new(messages: &[Message]) -> Self {
-        let mut vocab = Vocabulary::default();
+        // Varied English text brings a new word every 60 to 100 bytes.
+        let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+        let mut vocab = Vocabulary::with_capacity(bytes / 64);
         let mut buf = Vec::new();
         let mut counts: Vec<u32> = Vec::new();
         let mut word_sets = Vec::with_capacity(messages.len());
@@ -28,12 +30,17 @@ impl Scores {
         for m in messages {
             buf.clear();
             vocab.words_of(&m.content, &mut buf);
-            counts.resize(vocab.len(), 0);
+            // Every id is below the vocabulary's length; growing by the
+            // doubling of a Vec keeps the resizes rare.
+            if counts.len() < vocab.len() {
+                counts.resize(vocab.len().next_power_of_two(), 0);
+            }
             for &id in &buf {
                 counts[id as usize] += 1;
             }
             word_sets.push(sets.of(&buf, vocab.len()));
         }
+        counts.truncate(vocab.len());
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)
             .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)

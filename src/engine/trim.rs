@@ -46,6 +46,18 @@ pub(super) fn run(work: &mut Working, policy: &Policy) -> TrimStage {
 /// or `?` and char p is whitespace (or p is the end, which cannot happen
 /// here since the text is longer than the limit).
 pub(super) fn cut_point(content: &str, limit: usize) -> (usize, Cut) {
+    // Chars are bytes in ASCII text: look back from the limit, down to the
+    // shortest sentence cut allowed, for the last boundary.
+    if let Some(head) = content.as_bytes().get(..=limit).filter(|h| h.is_ascii()) {
+        let shortest = (MIN_SENTENCE_SHARE * limit as f64).ceil() as usize;
+        let boundary = (shortest.max(1)..=limit).rev().find(|&p| {
+            matches!(head[p - 1], b'.' | b'!' | b'?') && matches!(head[p], b'\t'..=b'\r' | b' ')
+        });
+        return match boundary {
+            Some(p) => (p, Cut::Sentence),
+            None => (limit, Cut::Hard),
+        };
+    }
     let mut best = 0;
     let mut prev_ends_sentence = false;
     // Positions p = 1..=limit: look at char p-1 (prev) and char p.
@@ -89,6 +101,39 @@ mod tests {
     fn a_boundary_exactly_at_the_limit_counts() {
         // char 9 is '.', char 10 is ' ': p = 10 = limit.
         assert_eq!(cut_point("abcdefghi. tail", 10), (10, Cut::Sentence));
+    }
+
+    #[test]
+    fn the_ascii_path_agrees_with_the_char_by_char_rule() {
+        // The char-by-char rule, as the spec words it.
+        let by_chars = |content: &str, limit: usize| {
+            let chars: Vec<char> = content.chars().collect();
+            let best = (1..=limit)
+                .filter(|&p| matches!(chars[p - 1], '.' | '!' | '?') && chars[p].is_whitespace())
+                .max()
+                .unwrap_or(0);
+            if best as f64 >= MIN_SENTENCE_SHARE * limit as f64 {
+                (best, Cut::Sentence)
+            } else {
+                (limit, Cut::Hard)
+            }
+        };
+        let texts = [
+            "One. Two! Three? four five six seven",
+            "a.\tb?\nc!\rd.\x0be.\x0cf. g.h",
+            "No boundary at all in this text whatsoever",
+            "x. yyyyyyyyyyyyyyyyyyyyyyyyyyy",
+            "Ends. ",
+        ];
+        for text in texts {
+            for limit in 1..text.len() {
+                assert_eq!(
+                    cut_point(text, limit),
+                    by_chars(text, limit),
+                    "{text:?} {limit}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -33,6 +33,12 @@ pub(crate) fn string_at<'a>(
     if !text.starts_with('"') {
         return None;
     }
+    // `raw` was read as valid JSON: without a backslash, the string's text
+    // is what lies between its quotes.
+    let inner = &text[1..text.len() - 1];
+    if !inner.as_bytes().contains(&b'\\') {
+        return Some((span(body, text), Cow::Borrowed(inner)));
+    }
     Some((span(body, text), serde_json::from_str(text).ok()?))
 }
 
@@ -434,6 +440,20 @@ impl<'a> Written<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_read_with_and_without_escapes_decode_as_json_does() {
+        let body = r#"["plain text", "tab\there \"quoted\" \u00e9", "", "ünïcode"]"#;
+        let raws = elements(body).unwrap();
+        for raw in raws {
+            let (at, text) = string_at(body, raw).unwrap();
+            let decoded: String = serde_json::from_str(raw.get()).unwrap();
+            assert_eq!(text, decoded);
+            assert_eq!(&body[at], raw.get());
+        }
+        let number: &RawValue = serde_json::from_str("5").unwrap();
+        assert!(string_at("5", number).is_none());
+    }
 
     #[test]
     fn removal_keeps_arrays_valid_json() {
