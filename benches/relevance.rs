@@ -12,8 +12,14 @@
 //!    relevance scoring cold (no analysis cached) and relevance scoring
 //!    warm (the previous turn's analyses cached in an `AnalysisStore`, this
 //!    turn adding an answer and a new question), and `relevance::analyze`
-//!    alone, cold and warm; the differences to seed are what relevance
-//!    adds.
+//!    alone: cold without a cache, cold building every analysis but
+//!    storing none, cold filling an empty `AnalysisStore`, and warm; the
+//!    differences to seed are what relevance adds. The fastest of 300 runs
+//!    of each is printed last (`docs/relevance.md` keeps the figures).
+//!
+//! Profiling one case: `RELEVANCE_BENCH_NO_FASTEST=1` skips the retention
+//! table and the fastest-of runs, e.g. under `perf record` with
+//! `--bench analyze/cold`.
 //!
 //! Run: `cargo bench --bench relevance -- --warm-up-time 1 --measurement-time 3`
 

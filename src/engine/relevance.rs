@@ -28,7 +28,12 @@
 //!   whatever the query; BM25 then reads the query's terms from those. An
 //!   [`AnalysisCache`] the caller passes keeps analyses between requests, by
 //!   a hash of each message's text and of each history, so a new turn of a
-//!   conversation analyses only its new messages.
+//!   conversation analyses only its new messages. Without a cache nothing
+//!   is kept, so no analysis is built: a [`QueryCounter`] counts the
+//!   query's terms straight from each text, the same integers.
+//! - **Scanning**: an ASCII text, nearly every one, is read from bit masks
+//!   of its bytes ([`TermMasks`]), so terms are found by counting zeros,
+//!   not by a branch per byte; any other text by [`for_each_term`].
 //!
 //! Everything is computed in input order over sorted or index-keyed
 //! structures: the same messages and goal give the same numbers, bit for
@@ -1498,14 +1503,12 @@ mod tests {
         }
     }
 
+    /// A scan's terms, each with its kind and key.
+    type Scanned = Vec<(String, Kind, Option<u128>)>;
+
     /// Each term of `text` with its kind and key, as the generic scan gives
     /// them and as [`for_each_keyed_term`] does.
-    fn both_scans(
-        text: &str,
-    ) -> (
-        Vec<(String, Kind, Option<u128>)>,
-        Vec<(String, Kind, Option<u128>)>,
-    ) {
+    fn both_scans(text: &str) -> (Scanned, Scanned) {
         let mut generic = Vec::new();
         for_each_term(text, |raw, kind| {
             generic.push((raw.to_owned(), kind, packed(raw)))
