@@ -401,7 +401,7 @@ pub fn run_passes(
         }
     }
     let report =
-        engine::compact_cached(&messages, &item_policy(&edited, policy), &*policy.analyses);
+        engine::compact_cached(&messages, &item_policy(edited, policy), &*policy.analyses);
     let mut plan = plan_of(&report);
     for p in &mut plan.items {
         if excluded[p.index] {

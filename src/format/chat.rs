@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{array_span_of, elements, span, string_at, ArgumentsForm, WireItem};
+use super::splice::{array_span_of, span, string_at, ArgumentsForm, WireItem};
 use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
