@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{elements, span, string_at, ArgumentsForm, WireItem};
+use super::splice::{array_span_of, span, string_at, ArgumentsForm, WireItem};
 use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -30,6 +30,14 @@ const MEDIA_PARTS: [&str; 4] = ["image_url", "input_audio", "file", "audio"];
 struct TopFields<'a> {
     #[serde(borrow)]
     messages: Option<&'a RawValue>,
+}
+
+/// [`TopFields`] with the messages read as the array they must be, in the
+/// same pass as the body.
+#[derive(Deserialize)]
+struct TopMessages<'a> {
+    #[serde(borrow)]
+    messages: Option<Vec<&'a RawValue>>,
 }
 
 #[derive(Deserialize)]
@@ -84,9 +92,16 @@ struct PartFields<'a> {
 }
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
-    let top: TopFields = top_level(body)?;
-    let raw_messages = top.messages.ok_or(Skip::NoMessages)?;
-    let items = elements(raw_messages.get()).ok_or(Skip::NoMessages)?;
+    let top: TopMessages = top_level(body)?;
+    let items = top.messages.ok_or(Skip::NoMessages)?;
+    let array_span = match array_span_of(body, &items) {
+        Some(span) => span,
+        // No element to find the array by: read it as a whole.
+        None => {
+            let top: TopFields = top_level(body)?;
+            span(body, top.messages.ok_or(Skip::NoMessages)?.get())
+        }
+    };
     if items.len() > max_items {
         return Err(Skip::TooManyMessages(items.len(), max_items));
     }
@@ -180,7 +195,7 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
         format: Format::Chat,
         conversation,
         body,
-        array_span: span(body, raw_messages.get()),
+        array_span,
         wire,
     })
 }

@@ -18,6 +18,25 @@ pub(crate) fn span(outer: &str, inner: &str) -> Range<usize> {
     start..start + inner.len()
 }
 
+/// The span in `body` of the JSON array whose elements are `items`,
+/// brackets included, found from its first element back and its last on:
+/// JSON allows only whitespace between them and the brackets. `None` for an
+/// empty array, which has no element to start from.
+pub(crate) fn array_span_of(body: &str, items: &[&RawValue]) -> Option<Range<usize>> {
+    const WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+    let start = span(body, items.first()?.get()).start;
+    let end = span(body, items.last()?.get()).end;
+    let open = body[..start]
+        .trim_end_matches(WHITESPACE)
+        .len()
+        .checked_sub(1)?;
+    let after = &body[end..];
+    let close = end + (after.len() - after.trim_start_matches(WHITESPACE).len()) + 1;
+    debug_assert_eq!(&body[open..open + 1], "[");
+    debug_assert_eq!(&body[close - 1..close], "]");
+    Some(open..close)
+}
+
 /// The elements of a JSON array, as raw spans borrowed from it.
 pub(crate) fn elements(array: &str) -> Option<Vec<&RawValue>> {
     serde_json::from_str(array).ok()
@@ -44,6 +63,19 @@ pub(crate) fn string_at<'a>(
 
 /// A JSON string literal of `text`.
 pub(crate) fn json_string(text: &str) -> String {
+    // Most text has nothing to escape; finding that out over every byte,
+    // without stopping early, compiles to a vector loop, while the encoder
+    // looks each byte up in a table.
+    let plain = !text.bytes().fold(false, |escape, b| {
+        escape | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if plain {
+        let mut literal = String::with_capacity(text.len() + 2);
+        literal.push('"');
+        literal.push_str(text);
+        literal.push('"');
+        return literal;
+    }
     serde_json::to_string(text).expect("strings always encode")
 }
 
@@ -453,6 +485,54 @@ mod tests {
         }
         let number: &RawValue = serde_json::from_str("5").unwrap();
         assert!(string_at("5", number).is_none());
+    }
+
+    #[test]
+    fn string_literals_encode_as_serde_json_does() {
+        for text in [
+            "plain",
+            "",
+            "quote \" back \\ slash",
+            "tab\tnew\nline\u{1}",
+            "ünï 🚚",
+            "\u{7f}\u{2028}",
+        ] {
+            assert_eq!(
+                json_string(text),
+                serde_json::to_string(text).unwrap(),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_array_is_found_around_its_elements() {
+        for body in [
+            r#"{"m":[1]}"#,
+            "{\"m\": [ \n\t1 ,\r\n {\"a\": [2]}  ] }",
+            r#"[[], "x"]"#,
+        ] {
+            let whole: serde_json::Value = serde_json::from_str(body).unwrap();
+            let array = if body.starts_with('[') {
+                body
+            } else {
+                &body[body.find('[').unwrap()..]
+            };
+            let items: Vec<&RawValue> = serde_json::Deserializer::from_str(array)
+                .into_iter::<&RawValue>()
+                .next()
+                .and_then(|raw| elements(raw.ok()?.get()))
+                .unwrap();
+            let at = array_span_of(body, &items).unwrap();
+            let expected = if whole.is_array() {
+                whole
+            } else {
+                whole["m"].clone()
+            };
+            let found: serde_json::Value = serde_json::from_str(&body[at]).unwrap();
+            assert_eq!(found, expected, "{body}");
+        }
+        assert_eq!(array_span_of("[]", &[]), None);
     }
 
     #[test]
