@@ -400,8 +400,7 @@ pub fn run_passes(
             m.fixed_chars = item.fixed_chars;
         }
     }
-    let report =
-        engine::compact_cached(&messages, &item_policy(edited, policy), &*policy.analyses);
+    let report = engine::compact_cached(&messages, &item_policy(edited, policy), &*policy.analyses);
     let mut plan = plan_of(&report);
     for p in &mut plan.items {
         if excluded[p.index] {
