@@ -9,13 +9,14 @@
 //! used when the input is byte-equal: a hash collision must never forward
 //! another conversation's messages.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use moka::sync::Cache;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
-use crate::engine::relevance::{AnalysisCache, CachedAnalysis};
+use crate::engine::relevance::{self, AnalysisCache, CachedAnalysis};
 use crate::format::Format;
 pub use crate::outcome::Outcome;
 
@@ -129,10 +130,34 @@ impl Checkpoints for CheckpointStore {
 /// messages. Bounded in bytes by moka (`cache.relevance_max_bytes`);
 /// emptied on reload with the configuration that holds it. Only an
 /// accelerator: a miss costs the analysis, never a different result.
+///
+/// A conversation's first turn is scored without analyses (counting from
+/// the text is faster than analysing it) and its analyses are made after
+/// the request, on tokio's blocking pool, at most one history per core at
+/// a time: past that, a history goes uncached, as if evicted. Outside a
+/// tokio runtime (benches, library use) they are made during the request.
+/// Clones share the same entries.
+#[derive(Clone)]
 pub struct AnalysisStore {
     /// Keys are 128-bit hashes already: Fx folds them in a few
     /// instructions, where the default SipHash would hash them again.
     analyses: Option<Cache<u128, CachedAnalysis, rustc_hash::FxBuildHasher>>,
+    /// Histories being analysed after their request.
+    fills: Arc<AtomicUsize>,
+}
+
+/// Histories analysed after their request at once: one per core.
+fn max_fills() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// Gives back a fill's slot however the fill ends.
+struct FillSlot(Arc<AtomicUsize>);
+
+impl Drop for FillSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl AnalysisStore {
@@ -146,7 +171,10 @@ impl AnalysisStore {
                 .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .build_with_hasher(rustc_hash::FxBuildHasher)
         });
-        AnalysisStore { analyses }
+        AnalysisStore {
+            analyses,
+            fills: Arc::default(),
+        }
     }
 
     pub fn clear(&self) {
@@ -192,13 +220,106 @@ impl AnalysisCache for AnalysisStore {
             analyses.invalidate(&key);
         }
     }
+
+    fn fill_later(&self, texts: &[&str]) -> bool {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        if self.analyses.is_none() {
+            return false;
+        }
+        if self.fills.fetch_add(1, Ordering::AcqRel) >= max_fills() {
+            self.fills.fetch_sub(1, Ordering::AcqRel);
+            return true;
+        }
+        let slot = FillSlot(self.fills.clone());
+        let store = self.clone();
+        let texts: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
+        runtime.spawn_blocking(move || {
+            let _slot = slot;
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            relevance::fill(&texts, &store);
+        });
+        true
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::relevance::Analysis;
+    use crate::engine::{Message, Role};
     use crate::outcome::LossSummary;
+
+    fn history() -> Vec<Message> {
+        vec![
+            Message::new(Role::User, "The gate code for depot Norrby is 7731-KAPPA."),
+            Message::new(Role::Assistant, "Noted, the Norrby gate code."),
+            Message::new(Role::User, "Which code opens the Norrby gate?"),
+        ]
+    }
+
+    /// The history entry of all of `messages`, if the store holds it.
+    fn history_entry(store: &AnalysisStore, messages: &[Message]) -> Option<usize> {
+        let keys: Vec<u128> = messages
+            .iter()
+            .map(|m| relevance::message_key(&m.content))
+            .collect();
+        match store.get(*relevance::history_keys(&keys).last()?) {
+            Some(CachedAnalysis::History(h)) => Some(h.len()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_first_turn_is_scored_from_the_text_and_analysed_after_it() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let _inside = runtime.enter();
+        let store = AnalysisStore::new(1 << 20);
+        let messages = history();
+        let scored = relevance::analyze_cached(&messages, None, &store);
+        assert_eq!(scored, relevance::analyze(&messages, None));
+        // The fill runs on the blocking pool; wait for its slot to free.
+        for _ in 0..10_000 {
+            if store.fills.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(history_entry(&store, &messages), Some(messages.len()));
+        // The next turn finds it, and scores the same as without a store.
+        let mut next = messages.clone();
+        next.push(Message::new(Role::Assistant, "It is 7731-KAPPA."));
+        next.push(Message::new(Role::User, "And the depot's name?"));
+        assert_eq!(
+            relevance::analyze_cached(&next, None, &store),
+            relevance::analyze(&next, None)
+        );
+        assert_eq!(history_entry(&store, &next), Some(next.len()));
+    }
+
+    #[test]
+    fn with_every_fill_slot_taken_a_first_turn_goes_uncached() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let _inside = runtime.enter();
+        let store = AnalysisStore::new(1 << 20);
+        store.fills.store(max_fills(), Ordering::Release);
+        let messages = history();
+        assert_eq!(
+            relevance::analyze_cached(&messages, None, &store),
+            relevance::analyze(&messages, None)
+        );
+        assert_eq!(store.fills.load(Ordering::Acquire), max_fills());
+        assert_eq!(store.weighted_size(), 0);
+    }
+
+    #[test]
+    fn outside_a_runtime_a_first_turn_is_analysed_at_once() {
+        let store = AnalysisStore::new(1 << 20);
+        let messages = history();
+        relevance::analyze_cached(&messages, None, &store);
+        assert_eq!(history_entry(&store, &messages), Some(messages.len()));
+    }
 
     fn outcome() -> Arc<Outcome> {
         Arc::new(Outcome {

@@ -109,8 +109,19 @@ pub fn analyze_cached(
             *d += u32::from(c > 0);
         }
     };
-    if cache.enabled() {
-        analyses_of(messages, cache).for_each(|i, analysis| {
+    // A history whose earlier turn the cache holds reuses its analyses
+    // and adds its new messages'. Without one (no cache, or the first
+    // turn the cache sees), analysing every message would double this
+    // request's cost: the query's terms are counted straight from the
+    // text, and a cache that can builds the analyses after the request.
+    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    let found = cache.enabled().then(|| HistoryLookup::new(&texts, cache));
+    let count_directly = match &found {
+        None => true,
+        Some(lookup) => lookup.earlier.is_none() && cache.fill_later(&texts),
+    };
+    if let (Some(lookup), false) = (found, count_directly) {
+        lookup.analyses(&texts, cache).for_each(|i, analysis| {
             if Some(i) == query_index {
                 return;
             }
@@ -120,9 +131,7 @@ pub fn analyze_cached(
             add_document(counts);
         });
     } else {
-        // Nothing to keep for a later request: count the query's terms
-        // straight from the text, without building each message's
-        // analysis. The same integers as counting them in analyses.
+        // The same integers as counting the terms in analyses.
         let mut counter = QueryCounter::new(&query);
         for (i, m) in messages.iter().enumerate() {
             if Some(i) == query_index {
@@ -309,6 +318,12 @@ pub trait AnalysisCache {
     /// Drops an entry: the previous turn's history, once the new turn's
     /// links to it, so the bound does not count it twice.
     fn remove(&self, _key: u128) {}
+    /// Takes on [`fill`]ing this history's analyses later, off the
+    /// request's path, when it can: `false` has them made now. Only asked
+    /// for a history with no earlier turn cached.
+    fn fill_later(&self, _texts: &[&str]) -> bool {
+        false
+    }
 }
 
 /// No cache: every message is analysed on every request.
@@ -385,46 +400,77 @@ impl Analyses {
     }
 }
 
-/// The analysis of each message, from `cache` where it has them.
-fn analyses_of(messages: &[Message], cache: &dyn AnalysisCache) -> Analyses {
-    let mut analyzer = Analyzer::default();
-    let keys: Vec<u128> = messages.iter().map(|m| message_key(&m.content)).collect();
-    let prefixes = history_keys(&keys);
-    let mut earlier = None;
-    let mut earlier_key = None;
-    for k in (messages.len().saturating_sub(HISTORY_PROBES)..messages.len()).rev() {
-        if let Some(CachedAnalysis::History(found)) = cache.get(prefixes[k]) {
-            // A hash collision must not panic: the length must fit.
-            if found.len() == k + 1 {
-                earlier = Some(found);
-                earlier_key = Some(prefixes[k]);
-                break;
+/// Where a history's analyses stand in a cache: each message's key, each
+/// prefix's key, and the longest earlier turn the cache holds.
+struct HistoryLookup {
+    keys: Vec<u128>,
+    prefixes: Vec<u128>,
+    earlier: Option<(Arc<History>, u128)>,
+}
+
+impl HistoryLookup {
+    fn new(texts: &[&str], cache: &dyn AnalysisCache) -> Self {
+        let keys: Vec<u128> = texts.iter().map(|text| message_key(text)).collect();
+        let prefixes = history_keys(&keys);
+        let mut earlier = None;
+        for k in (texts.len().saturating_sub(HISTORY_PROBES)..texts.len()).rev() {
+            if let Some(CachedAnalysis::History(found)) = cache.get(prefixes[k]) {
+                // A hash collision must not panic: the length must fit.
+                if found.len() == k + 1 {
+                    earlier = Some((found, prefixes[k]));
+                    break;
+                }
             }
         }
+        HistoryLookup {
+            keys,
+            prefixes,
+            earlier,
+        }
     }
-    let done = earlier.as_ref().map_or(0, |e| e.len());
-    let mut rest = Vec::with_capacity(messages.len() - done);
-    for (m, &key) in messages.iter().zip(&keys).skip(done) {
-        let analysis = match cache.get(key) {
-            Some(CachedAnalysis::Message(found)) => found,
-            _ => {
-                let fresh = Arc::new(analyzer.analyze(&m.content));
-                cache.put(key, CachedAnalysis::Message(fresh.clone()));
-                fresh
-            }
+
+    /// The analysis of each text, from the cache where it has them; what
+    /// it lacks is made and added, with the history's own entry.
+    fn analyses(self, texts: &[&str], cache: &dyn AnalysisCache) -> Analyses {
+        let mut analyzer = Analyzer::default();
+        let (earlier, earlier_key) = match self.earlier {
+            Some((history, key)) => (Some(history), Some(key)),
+            None => (None, None),
         };
-        rest.push(analysis);
-    }
-    if let (Some(&last), false) = (prefixes.last(), rest.is_empty()) {
-        let history = History::new(earlier.clone(), rest.clone());
-        cache.put(last, CachedAnalysis::History(Arc::new(history)));
-        // The new history holds the earlier one and weighs it too. A retry
-        // of that earlier turn still finds every message's analysis.
-        if let Some(key) = earlier_key {
-            cache.remove(key);
+        let done = earlier.as_ref().map_or(0, |e| e.len());
+        let mut rest = Vec::with_capacity(texts.len() - done);
+        for (text, &key) in texts.iter().zip(&self.keys).skip(done) {
+            let analysis = match cache.get(key) {
+                Some(CachedAnalysis::Message(found)) => found,
+                _ => {
+                    let fresh = Arc::new(analyzer.analyze(text));
+                    cache.put(key, CachedAnalysis::Message(fresh.clone()));
+                    fresh
+                }
+            };
+            rest.push(analysis);
         }
+        if let (Some(&last), false) = (self.prefixes.last(), rest.is_empty()) {
+            let history = History::new(earlier.clone(), rest.clone());
+            cache.put(last, CachedAnalysis::History(Arc::new(history)));
+            // The new history holds the earlier one and weighs it too. A
+            // retry of that earlier turn still finds every message's
+            // analysis.
+            if let Some(key) = earlier_key {
+                cache.remove(key);
+            }
+        }
+        Analyses { earlier, rest }
     }
-    Analyses { earlier, rest }
+}
+
+/// Adds to `cache` the analyses of a history's `texts` it lacks, and the
+/// history's entry, as [`analyze_cached`] would: what a cache that
+/// [`AnalysisCache::fill_later`] runs after the request.
+pub fn fill(texts: &[&str], cache: &dyn AnalysisCache) {
+    if cache.enabled() {
+        HistoryLookup::new(texts, cache).analyses(texts, cache);
+    }
 }
 
 /// What each raw term (as written) normalises to, remembered across the
