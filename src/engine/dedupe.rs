@@ -205,6 +205,31 @@ fn ranks_by_rarity(document_frequency: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::{prefix_len, ranks_by_rarity, MAX_CANDIDATE_VISITS};
+    use crate::engine::{compact, Message, Policy, Role};
+
+    #[test]
+    fn a_message_exactly_at_the_threshold_is_a_duplicate() {
+        // Jaccard 55 / 100 = 0.55, the threshold: the spec's `>=` holds.
+        let words = |n: usize| {
+            (0..n)
+                .map(|i| format!("w{i}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut messages = vec![
+            Message::new(Role::User, words(100)),
+            Message::new(Role::User, words(55)),
+        ];
+        messages.extend((0..5).map(|_| Message::new(Role::Assistant, "ok")));
+        let policy = Policy {
+            duplicate_threshold: 0.55,
+            ..Policy::with_budget(10)
+        };
+        let removed = compact(&messages, &policy).stages.dedupe.removed;
+        assert_eq!(removed.len(), 1);
+        assert_eq!((removed[0].index, removed[0].duplicate_of), (1, 0));
+        assert_eq!(removed[0].similarity, 0.55);
+    }
 
     #[test]
     fn ranks_follow_frequency_then_id() {

@@ -365,8 +365,9 @@ impl MarkedSet {
         } else {
             (other.len(), self.len)
         };
-        // Jaccard <= |short| / |long|.
-        if (short as f64) < threshold * long as f64 {
+        // Jaccard <= |short| / |long|, and rounding keeps that order; the
+        // product `threshold * long` could round up past an exact tie.
+        if (short as f64 / long as f64) < threshold {
             return None;
         }
         // One less than the bound, so float error can only keep a pair longer.
@@ -437,6 +438,16 @@ mod tests {
     #[test]
     fn words_lowercase_whole_words_with_final_sigma() {
         assert_eq!(words("ΟΔΟΣ ΣΑ"), ["οδος", "σα"]);
+    }
+
+    #[test]
+    fn a_pair_exactly_at_the_threshold_is_similar_enough() {
+        // 55 / 100 is 0.55 in f64, but 0.55 * 100 rounds above 55.
+        let mut marked = MarkedSet::new();
+        let hundred: Vec<u32> = (0..100).collect();
+        marked.mark(&hundred, 100);
+        let fifty_five: Vec<u32> = (0..55).collect();
+        assert_eq!(marked.jaccard_at_least(&fifty_five, 0.55), Some(0.55));
     }
 
     #[test]
