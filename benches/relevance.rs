@@ -99,7 +99,7 @@ impl relevance::AnalysisCache for FillsAfterwards {
         None
     }
     fn put(&self, _: u128, _: relevance::CachedAnalysis) {}
-    fn fill_later(&self, texts: &[&str]) -> bool {
+    fn fill_later(&self, _history: u128, texts: &[&str]) -> bool {
         // What the store does on the request's path: copy the texts.
         black_box(texts.iter().map(|t| t.to_string()).collect::<Vec<_>>());
         true

@@ -9,11 +9,11 @@
 //! used when the input is byte-equal: a hash collision must never forward
 //! another conversation's messages.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use moka::sync::Cache;
+use rustc_hash::FxHashSet;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
 use crate::engine::relevance::{self, AnalysisCache, CachedAnalysis};
@@ -142,8 +142,11 @@ pub struct AnalysisStore {
     /// Keys are 128-bit hashes already: Fx folds them in a few
     /// instructions, where the default SipHash would hash them again.
     analyses: Option<Cache<u128, CachedAnalysis, rustc_hash::FxBuildHasher>>,
-    /// Histories being analysed after their request.
-    fills: Arc<AtomicUsize>,
+    /// The histories (by their last prefix key) being analysed after
+    /// their request: one request scores its history several times (the
+    /// agent passes, each token-budget round), and a history is filled
+    /// once.
+    filling: Arc<Mutex<FxHashSet<u128>>>,
 }
 
 /// Histories analysed after their request at once: one per core.
@@ -152,12 +155,22 @@ fn max_fills() -> usize {
 }
 
 /// Gives back a fill's slot however the fill ends.
-struct FillSlot(Arc<AtomicUsize>);
+struct FillSlot {
+    filling: Arc<Mutex<FxHashSet<u128>>>,
+    history: u128,
+}
 
 impl Drop for FillSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        lock(&self.filling).remove(&self.history);
     }
+}
+
+/// The set behind `filling`; a panic elsewhere cannot leave it unusable.
+fn lock(filling: &Mutex<FxHashSet<u128>>) -> std::sync::MutexGuard<'_, FxHashSet<u128>> {
+    filling
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl AnalysisStore {
@@ -173,7 +186,7 @@ impl AnalysisStore {
         });
         AnalysisStore {
             analyses,
-            fills: Arc::default(),
+            filling: Arc::default(),
         }
     }
 
@@ -221,18 +234,25 @@ impl AnalysisCache for AnalysisStore {
         }
     }
 
-    fn fill_later(&self, texts: &[&str]) -> bool {
+    fn fill_later(&self, history: u128, texts: &[&str]) -> bool {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return false;
         };
         if self.analyses.is_none() {
             return false;
         }
-        if self.fills.fetch_add(1, Ordering::AcqRel) >= max_fills() {
-            self.fills.fetch_sub(1, Ordering::AcqRel);
-            return true;
+        {
+            let mut filling = lock(&self.filling);
+            // Already being filled, or every slot taken: nothing to spawn.
+            if filling.contains(&history) || filling.len() >= max_fills() {
+                return true;
+            }
+            filling.insert(history);
         }
-        let slot = FillSlot(self.fills.clone());
+        let slot = FillSlot {
+            filling: self.filling.clone(),
+            history,
+        };
         let store = self.clone();
         let texts: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
         runtime.spawn_blocking(move || {
@@ -281,7 +301,7 @@ mod tests {
         assert_eq!(scored, relevance::analyze(&messages, None));
         // The fill runs on the blocking pool; wait for its slot to free.
         for _ in 0..10_000 {
-            if store.fills.load(Ordering::Acquire) == 0 {
+            if lock(&store.filling).is_empty() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -303,14 +323,33 @@ mod tests {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let _inside = runtime.enter();
         let store = AnalysisStore::new(1 << 20);
-        store.fills.store(max_fills(), Ordering::Release);
+        lock(&store.filling).extend(0..max_fills() as u128);
         let messages = history();
         assert_eq!(
             relevance::analyze_cached(&messages, None, &store),
             relevance::analyze(&messages, None)
         );
-        assert_eq!(store.fills.load(Ordering::Acquire), max_fills());
+        assert_eq!(lock(&store.filling).len(), max_fills());
         assert_eq!(store.weighted_size(), 0);
+    }
+
+    #[test]
+    fn a_history_being_filled_is_not_filled_twice() {
+        // One blocking thread, held busy: the first fill waits in the queue.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        let _inside = runtime.enter();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        runtime.spawn_blocking(move || held.recv());
+        let store = AnalysisStore::new(1 << 20);
+        let messages = history();
+        // A request scores its history more than once.
+        relevance::analyze_cached(&messages, None, &store);
+        relevance::analyze_cached(&messages, None, &store);
+        assert_eq!(lock(&store.filling).len(), 1);
+        release.send(()).unwrap();
     }
 
     #[test]

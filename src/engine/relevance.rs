@@ -118,7 +118,13 @@ pub fn analyze_cached(
     let found = cache.enabled().then(|| HistoryLookup::new(&texts, cache));
     let count_directly = match &found {
         None => true,
-        Some(lookup) => lookup.earlier.is_none() && cache.fill_later(&texts),
+        Some(lookup) => {
+            lookup.earlier.is_none()
+                && lookup
+                    .prefixes
+                    .last()
+                    .is_some_and(|&history| cache.fill_later(history, &texts))
+        }
     };
     if let (Some(lookup), false) = (found, count_directly) {
         lookup.analyses(&texts, cache).for_each(|i, analysis| {
@@ -318,10 +324,11 @@ pub trait AnalysisCache {
     /// Drops an entry: the previous turn's history, once the new turn's
     /// links to it, so the bound does not count it twice.
     fn remove(&self, _key: u128) {}
-    /// Takes on [`fill`]ing this history's analyses later, off the
-    /// request's path, when it can: `false` has them made now. Only asked
-    /// for a history with no earlier turn cached.
-    fn fill_later(&self, _texts: &[&str]) -> bool {
+    /// Takes on [`fill`]ing the analyses of the history `texts` (whose
+    /// [`history_keys`] end in `history`) later, off the request's path,
+    /// when it can: `false` has them made now. Only asked for a history
+    /// with no earlier turn cached.
+    fn fill_later(&self, _history: u128, _texts: &[&str]) -> bool {
         false
     }
 }
