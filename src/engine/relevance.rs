@@ -44,6 +44,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_128_with_seed, xxh3_64};
 
+use super::text::{ascii_alphanumeric, in_range, HIGH_BITS};
 use super::{Message, Role};
 
 /// BM25 term-frequency saturation.
@@ -1110,27 +1111,6 @@ fn for_each_term(text: &str, mut f: impl FnMut(&str, Kind)) {
     }
 }
 
-/// Eight bytes at a time (SWAR): each byte of a `u64` repeated.
-const ONES: u64 = 0x0101_0101_0101_0101;
-/// The high bit of each byte: set for a byte that is not ASCII.
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-/// The high bit of each byte of `x` that is an ASCII letter or digit; every
-/// byte of `x` must be ASCII.
-#[inline(always)]
-const fn alnum_high_bits(x: u64) -> u64 {
-    in_range(x, b'0', b'9') | in_range(x | (ONES * 0x20), b'a', b'z')
-}
-
-/// The high bit of each byte of `x` within `lo..=hi`; every byte of `x`
-/// must be ASCII. For bytes below 0x80, `x + (0x80 - lo)` has its high bit
-/// set when x >= lo, and `x + (0x7f - hi)` has it clear when x <= hi; no
-/// sum carries into the next byte.
-#[inline(always)]
-const fn in_range(x: u64, lo: u8, hi: u8) -> u64 {
-    (x + ONES * (0x80 - lo as u64)) & !(x + ONES * (0x7f - hi as u64)) & HIGH
-}
-
 /// The end of the run of ASCII letters and digits starting at `i`: eight
 /// bytes at a time (SWAR), then byte by byte near the end or at a byte
 /// that is not ASCII.
@@ -1140,16 +1120,16 @@ fn alnum_run_end(bytes: &[u8], mut i: usize) -> usize {
         let x = u64::from_le_bytes([
             chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7],
         ]);
-        if x & HIGH != 0 {
+        if x & HIGH_BITS != 0 {
             break;
         }
-        let alnum = alnum_high_bits(x);
-        if alnum == HIGH {
+        let alnum = ascii_alphanumeric(x);
+        if alnum == HIGH_BITS {
             i += 8;
             continue;
         }
         // The first byte that is not alphanumeric (little-endian: lowest).
-        return i + ((!alnum & HIGH).trailing_zeros() / 8) as usize;
+        return i + ((!alnum & HIGH_BITS).trailing_zeros() / 8) as usize;
     }
     while i < bytes.len() && CLASS[bytes[i] as usize] == ALNUM {
         i += 1;
@@ -1239,13 +1219,13 @@ fn block_bits(block: &[u8]) -> Option<(u64, u64)> {
     for (k, chunk) in block.chunks_exact(8).enumerate() {
         let x = u64::from_le_bytes(chunk.try_into().unwrap_or([0x80; 8]));
         any |= x;
-        let x = x & !HIGH;
-        let letters = alnum_high_bits(x);
+        let x = x & !HIGH_BITS;
+        let letters = ascii_alphanumeric(x);
         let visible = in_range(x, 0x21, 0x7e);
         alnum |= gather_high_bits(letters) << (8 * k);
         punct |= gather_high_bits(visible & !letters) << (8 * k);
     }
-    (any & HIGH == 0).then_some((alnum, punct))
+    (any & HIGH_BITS == 0).then_some((alnum, punct))
 }
 
 /// Gathers the high bit of each byte into one byte, byte k to bit k: the

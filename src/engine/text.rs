@@ -214,8 +214,10 @@ impl Vocabulary {
     }
 }
 
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+/// Eight bytes at a time (SWAR): each byte of a `u64` repeated.
+pub(super) const ONES: u64 = 0x0101_0101_0101_0101;
+/// The high bit of each byte: set for a byte that is not ASCII.
+pub(super) const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 /// The eight bytes of `bytes` from `at`, little-endian, zeros past the end.
 #[inline]
@@ -231,19 +233,22 @@ fn eight_at(bytes: &[u8], at: usize) -> u64 {
     }
 }
 
-/// The high bit of each byte of `v` that is an ASCII letter or digit, all
-/// eight at once: for a 7-bit `y`, `y + (0x80 - lo)` sets the high bit
-/// exactly when `y >= lo`, and `y + (0x7f - hi)` exactly when `y > hi`,
-/// with no carry into the next byte.
-#[inline]
-fn ascii_alphanumeric(v: u64) -> u64 {
+/// The high bit of each byte of `x` within `lo..=hi`, all eight at once;
+/// every byte of `x` must be ASCII. For a 7-bit byte, `x + (0x80 - lo)`
+/// has its high bit set exactly when x >= lo, and `x + (0x7f - hi)` has it
+/// clear exactly when x <= hi; no sum carries into the next byte.
+#[inline(always)]
+pub(super) const fn in_range(x: u64, lo: u8, hi: u8) -> u64 {
+    (x + ONES * (0x80 - lo as u64)) & !(x + ONES * (0x7f - hi as u64)) & HIGH_BITS
+}
+
+/// The high bit of each byte of `v` that is an ASCII letter or digit
+/// (`| 0x20` folds the capitals onto the small letters); a byte that is
+/// not ASCII is neither.
+#[inline(always)]
+pub(super) const fn ascii_alphanumeric(v: u64) -> u64 {
     let y = v & !HIGH_BITS;
-    let within = |x: u64, lo: u64, hi: u64| {
-        x.wrapping_add(ONES * (0x80 - lo)) & !x.wrapping_add(ONES * (0x7f - hi))
-    };
-    let digit = within(y, b'0' as u64, b'9' as u64);
-    let letter = within(y | (ONES * 0x20), b'a' as u64, b'z' as u64);
-    (digit | letter) & !v & HIGH_BITS
+    (in_range(y, b'0', b'9') | in_range(y | (ONES * 0x20), b'a', b'z')) & !v
 }
 
 /// The first `len` (1 to 8) bytes of `v`, lowercased, the rest zeros. `|
