@@ -398,20 +398,21 @@ impl MarkedSet {
     }
 }
 
-/// Jaccard similarity of two word sets; 0 when both are empty.
-pub fn jaccard(a: &[u32], b: &[u32]) -> f64 {
-    let inter = b.iter().filter(|id| a.contains(id)).count();
-    let union = a.len() + b.len() - inter;
-    if union == 0 {
-        0.0
-    } else {
-        inter as f64 / union as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Jaccard similarity of two word sets, as the spec defines it; 0 when
+    /// both are empty.
+    fn jaccard(a: &[u32], b: &[u32]) -> f64 {
+        let inter = b.iter().filter(|id| a.contains(id)).count();
+        let union = a.len() + b.len() - inter;
+        if union == 0 {
+            0.0
+        } else {
+            inter as f64 / union as f64
+        }
+    }
 
     #[test]
     fn words_split_on_non_alphanumerics_and_lowercase() {
