@@ -363,7 +363,7 @@ pub fn run_passes(
     policy: &CompiledPolicy,
 ) -> (Option<Plan>, agent::AgentEdits, Report) {
     let conversation = &parsed.conversation;
-    let messages = engine_messages(conversation, policy);
+    let mut messages = engine_messages(conversation, policy);
     let mut protected = protected_items(conversation, policy);
     if policy.agent.any_pass() && conversation.total_chars() > policy.engine.budget_chars {
         protect_relevant(conversation, &messages, policy, &mut protected);
@@ -388,7 +388,6 @@ pub fn run_passes(
     // them whole but never cut them.
     let excluded = agent::excluded_items(conversation, &policy.agent);
     // Pins come from the items as they came, not from the edited text.
-    let mut messages = messages;
     for (i, (m, item)) in messages.iter_mut().zip(&edited.items).enumerate() {
         if excluded[i] {
             m.content = String::new();

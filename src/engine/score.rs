@@ -30,17 +30,12 @@ impl Scores {
         for m in messages {
             buf.clear();
             vocab.words_of(&m.content, &mut buf);
-            // Every id is below the vocabulary's length; growing by the
-            // doubling of a Vec keeps the resizes rare.
-            if counts.len() < vocab.len() {
-                counts.resize(vocab.len().next_power_of_two(), 0);
-            }
+            counts.resize(vocab.len(), 0);
             for &id in &buf {
                 counts[id as usize] += 1;
             }
             word_sets.push(sets.of(&buf, vocab.len()));
         }
-        counts.truncate(vocab.len());
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)
             .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)
