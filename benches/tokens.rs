@@ -20,38 +20,7 @@ fn bench(c: &mut Criterion) {
     .expect("fixture");
     let parsed = Format::Chat.parse(&body, usize::MAX).expect("parses");
     let conversation = &parsed.conversation;
-    let bytes: usize = conversation
-        .items
-        .iter()
-        .map(|i| {
-            i.text.len()
-                + i.tool_calls
-                    .iter()
-                    .map(|c| c.arguments.len())
-                    .sum::<usize>()
-        })
-        .sum();
-    let mut group = c.benchmark_group("tokens");
-    group.throughput(Throughput::Bytes(bytes as u64));
-    group.bench_function("cold (uncached BPE)", |b| {
-        b.iter(|| {
-            // Every piece unseen, as for a history counted the first time.
-            Encoding::forget_pieces();
-            conversation
-                .items
-                .iter()
-                .map(|i| {
-                    Encoding::O200kBase.count(&i.text)
-                        + i.tool_calls
-                            .iter()
-                            .map(|c| Encoding::O200kBase.count(&c.arguments))
-                            .sum::<usize>()
-                })
-                .sum::<usize>()
-        })
-    });
-    // The same texts through the counters this one replaced or builds on,
-    // for a comparison within one run (the machine's load varies).
+    // Every counted text: each item's text and each call's arguments.
     let texts: Vec<&str> = conversation
         .items
         .iter()
@@ -60,6 +29,24 @@ fn bench(c: &mut Criterion) {
                 .chain(i.tool_calls.iter().map(|c| c.arguments.as_str()))
         })
         .collect();
+    let bytes: usize = texts.iter().map(|t| t.len()).sum();
+    let count_each = || {
+        texts
+            .iter()
+            .map(|t| Encoding::O200kBase.count(t))
+            .sum::<usize>()
+    };
+    let mut group = c.benchmark_group("tokens");
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("cold (uncached BPE)", |b| {
+        b.iter(|| {
+            // Every piece unseen, as for a history counted the first time.
+            Encoding::forget_pieces();
+            count_each()
+        })
+    });
+    // The same texts through the counters this one replaced or builds on,
+    // for a comparison within one run (the machine's load varies).
     group.bench_function("baseline: tiktoken-rs encode_ordinary", |b| {
         let bpe = tiktoken_rs::o200k_base_singleton();
         b.iter(|| {
@@ -75,21 +62,7 @@ fn bench(c: &mut Criterion) {
     });
     // A new history in a process that has counted others: its texts are
     // uncached, its words and numbers are not new.
-    group.bench_function("cold text, pieces seen before", |b| {
-        b.iter(|| {
-            conversation
-                .items
-                .iter()
-                .map(|i| {
-                    Encoding::O200kBase.count(&i.text)
-                        + i.tool_calls
-                            .iter()
-                            .map(|c| Encoding::O200kBase.count(&c.arguments))
-                            .sum::<usize>()
-                })
-                .sum::<usize>()
-        })
-    });
+    group.bench_function("cold text, pieces seen before", |b| b.iter(&count_each));
     Encoding::O200kBase.conversation(conversation);
     group.bench_function("warm (per-text cache)", |b| {
         b.iter(|| Encoding::O200kBase.conversation(black_box(conversation)))

@@ -123,6 +123,16 @@ fn o200k(text: &str) -> usize {
         .len()
 }
 
+/// The o200k tokens of the message contents the upstream last received.
+fn forwarded_tokens(upstream: &MockUpstream) -> usize {
+    upstream.last().json()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| o200k(m["content"].as_str().unwrap()))
+        .sum()
+}
+
 #[tokio::test]
 async fn a_token_budget_is_met_and_reported() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
@@ -148,13 +158,7 @@ async fn a_token_budget_is_met_and_reported() {
     let input: usize = texts.iter().map(|t| o200k(t)).sum();
     let header = |name| answer.header(name).unwrap().parse::<usize>().unwrap();
     assert_eq!(header("x-compaction-input-tokens"), input);
-    let sent = upstream.last().json();
-    let output: usize = sent["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| o200k(m["content"].as_str().unwrap()))
-        .sum();
+    let output = forwarded_tokens(&upstream);
     assert_eq!(header("x-compaction-output-tokens"), output);
     assert!(output <= 300, "{output}");
     assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
@@ -203,13 +207,7 @@ async fn an_auto_budget_is_the_window_minus_output_and_reserve() {
         let input: usize = texts.iter().map(|t| o200k(t)).sum();
         assert!(input > 1000, "the conversation must be over the window");
         assert_eq!(header("x-compaction-input-tokens"), input);
-        let sent = upstream.last().json();
-        let output: usize = sent["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| o200k(m["content"].as_str().unwrap()))
-            .sum();
+        let output = forwarded_tokens(&upstream);
         assert_eq!(header("x-compaction-output-tokens"), output);
         assert!(output <= budget, "{output} > {budget}");
         assert!(
