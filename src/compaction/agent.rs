@@ -675,11 +675,12 @@ pub fn run(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::format::{Item, ToolCall};
 
-    fn call(id: &str, name: &str, arguments: &str) -> Item {
+    /// An assistant item making one tool call (also the pipeline's tests').
+    pub(crate) fn call(id: &str, name: &str, arguments: &str) -> Item {
         let mut item = Item::new(Role::Assistant, "");
         item.tool_calls.push(ToolCall {
             id: id.into(),
@@ -690,13 +691,15 @@ mod tests {
         item
     }
 
-    fn result(id: &str, text: &str) -> Item {
+    /// A tool item answering the call `id`.
+    pub(crate) fn result(id: &str, text: &str) -> Item {
         let mut item = Item::new(Role::Tool, text);
         item.answers = Some(id.into());
         item
     }
 
-    fn numbered(n: usize, tag: &str) -> String {
+    /// `n` numbered words: `{tag}0 {tag}1 ...`.
+    pub(crate) fn numbered(n: usize, tag: &str) -> String {
         (0..n).map(|k| format!("{tag}{k} ")).collect()
     }
 

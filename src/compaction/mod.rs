@@ -549,30 +549,10 @@ impl Parsed<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::agent::tests::{call, numbered, result};
     use super::*;
     use crate::engine::{RelevancePolicy, Role, ScoringMethod};
-    use crate::format::{Item, ToolCall};
-
-    fn call(id: &str, arguments: &str) -> Item {
-        let mut item = Item::new(Role::Assistant, "");
-        item.tool_calls.push(ToolCall {
-            id: id.into(),
-            name: "read_file".into(),
-            arguments: arguments.into(),
-        });
-        item.fixed_chars = "read_file".len() + arguments.len();
-        item
-    }
-
-    fn result(id: &str, text: &str) -> Item {
-        let mut item = Item::new(Role::Tool, text);
-        item.answers = Some(id.into());
-        item
-    }
-
-    fn numbered(n: usize, tag: &str) -> String {
-        (0..n).map(|k| format!("{tag}{k} ")).collect()
-    }
+    use crate::format::Item;
 
     /// Two long tool results, the older holding the fact the latest
     /// request asks about.
@@ -586,9 +566,9 @@ mod tests {
         Conversation {
             items: vec![
                 Item::new(Role::User, "Task: check the sites."),
-                call("call_1", &args("a.txt")),
+                call("call_1", "read_file", &args("a.txt")),
                 result("call_1", &fact),
-                call("call_2", &args("b.txt")),
+                call("call_2", "read_file", &args("b.txt")),
                 result("call_2", &numbered(120, "row")),
                 Item::new(Role::User, "What is the gate code for depot Norrby?"),
             ],
