@@ -141,14 +141,7 @@ async fn a_token_budget_is_met_and_reported() {
         &upstream.url(),
     )
     .await;
-    let texts: Vec<String> = (0..12)
-        .map(|k| format!("Message {k}: the payment retry loop needs a bounded budget. ").repeat(8))
-        .collect();
-    let messages: Vec<serde_json::Value> = texts
-        .iter()
-        .map(|t| json!({"role": "user", "content": t}))
-        .collect();
-    let body = json!({"model": "gpt-4o-mini", "messages": messages});
+    let (body, texts) = long_chat("gpt-4o-mini");
     let answer = send(post_json(
         &proxy.url("/v1/chat/completions"),
         body.to_string(),
@@ -164,9 +157,9 @@ async fn a_token_budget_is_met_and_reported() {
     assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
 }
 
-/// Twelve long user messages (o200k tokens each, well over 100) of a
-/// `model` that asks for `max_output` tokens in `limit_key`.
-fn long_chat(model: &str, limit_key: &str, max_output: usize) -> (serde_json::Value, Vec<String>) {
+/// Twelve long user messages (o200k tokens each, well over 100) for
+/// `model`, and their texts.
+fn long_chat(model: &str) -> (serde_json::Value, Vec<String>) {
     let texts: Vec<String> = (0..12)
         .map(|k| format!("Message {k}: the payment retry loop needs a bounded budget. ").repeat(8))
         .collect();
@@ -174,7 +167,16 @@ fn long_chat(model: &str, limit_key: &str, max_output: usize) -> (serde_json::Va
         .iter()
         .map(|t| json!({"role": "user", "content": t}))
         .collect();
-    let mut body = json!({"model": model, "messages": messages});
+    (json!({"model": model, "messages": messages}), texts)
+}
+
+/// [`long_chat`] asking for `max_output` tokens in `limit_key`.
+fn long_chat_limited(
+    model: &str,
+    limit_key: &str,
+    max_output: usize,
+) -> (serde_json::Value, Vec<String>) {
+    let (mut body, texts) = long_chat(model);
     body[limit_key] = json!(max_output);
     (body, texts)
 }
@@ -194,7 +196,7 @@ async fn an_auto_budget_is_the_window_minus_output_and_reserve() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
     let proxy = TestProxy::start(AUTO_POLICY, &upstream.url()).await;
     for (limit_key, max_output) in [("max_completion_tokens", 300), ("max_tokens", 500)] {
-        let (body, texts) = long_chat("test-model-2", limit_key, max_output);
+        let (body, texts) = long_chat_limited("test-model-2", limit_key, max_output);
         let answer = send(post_json(
             &proxy.url("/v1/chat/completions"),
             body.to_string(),
@@ -224,7 +226,7 @@ async fn an_auto_budget_is_the_window_minus_output_and_reserve() {
 async fn an_auto_budget_for_an_unknown_model_falls_back_to_the_fixed_budgets() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
     let proxy = TestProxy::start(AUTO_POLICY, &upstream.url()).await;
-    let (body, _) = long_chat("mystery-llm", "max_tokens", 10);
+    let (body, _) = long_chat_limited("mystery-llm", "max_tokens", 10);
     let answer = send(post_json(
         &proxy.url("/v1/chat/completions"),
         body.to_string(),
