@@ -26,6 +26,11 @@ struct Entry {
     outcome: Arc<Outcome>,
 }
 
+/// A body's place in the [`CompactionCache`], computed once per request
+/// for both the lookup and the insert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheKey(u64);
+
 pub struct CompactionCache {
     entries: Option<Cache<u64, Arc<Entry>>>,
 }
@@ -44,30 +49,24 @@ impl CompactionCache {
         CompactionCache { entries }
     }
 
+    /// The key of `input` in `format` under the policy with id `policy`.
     /// xxh3: bodies run to megabytes, and SipHash read them at a tenth
     /// of the speed. A collision is harmless: the entry keeps its input
     /// and [`Self::get`] compares it.
-    fn key(policy: u64, format: Format, input: &[u8]) -> u64 {
+    pub fn key(policy: u64, format: Format, input: &[u8]) -> CacheKey {
         let seed = policy.rotate_left(8) ^ format as u64;
-        xxhash_rust::xxh3::xxh3_64_with_seed(input, seed)
+        CacheKey(xxhash_rust::xxh3::xxh3_64_with_seed(input, seed))
     }
 
-    /// The outcome cached for `input` in `format` under the policy with id
-    /// `policy`.
-    pub fn get(&self, policy: u64, format: Format, input: &[u8]) -> Option<Arc<Outcome>> {
-        let entry = self
-            .entries
-            .as_ref()?
-            .get(&Self::key(policy, format, input))?;
+    /// The outcome cached for `input` under `key` (from [`Self::key`]).
+    pub fn get(&self, key: CacheKey, input: &[u8]) -> Option<Arc<Outcome>> {
+        let entry = self.entries.as_ref()?.get(&key.0)?;
         (entry.input.as_ref() == input).then(|| entry.outcome.clone())
     }
 
-    pub fn insert(&self, policy: u64, format: Format, input: Bytes, outcome: Arc<Outcome>) {
+    pub fn insert(&self, key: CacheKey, input: Bytes, outcome: Arc<Outcome>) {
         if let Some(entries) = &self.entries {
-            entries.insert(
-                Self::key(policy, format, &input),
-                Arc::new(Entry { input, outcome }),
-            );
+            entries.insert(key.0, Arc::new(Entry { input, outcome }));
         }
     }
 
@@ -384,23 +383,53 @@ mod tests {
         })
     }
 
+    fn key(policy: u64, format: Format, input: &[u8]) -> CacheKey {
+        CompactionCache::key(policy, format, input)
+    }
+
+    fn get(
+        cache: &CompactionCache,
+        policy: u64,
+        format: Format,
+        input: &[u8],
+    ) -> Option<Arc<Outcome>> {
+        cache.get(key(policy, format, input), input)
+    }
+
+    #[test]
+    fn a_key_hit_with_other_bytes_is_a_miss() {
+        let cache = CompactionCache::new(1 << 20);
+        let shared = key(1, Format::Chat, b"body");
+        cache.insert(shared, Bytes::from_static(b"body"), outcome());
+        assert!(cache.get(shared, b"body").is_some());
+        assert!(cache.get(shared, b"another body, same key").is_none());
+    }
+
     #[test]
     fn hits_only_for_the_same_policy_and_bytes() {
         let cache = CompactionCache::new(1 << 20);
-        cache.insert(1, Format::Chat, Bytes::from_static(b"body"), outcome());
-        assert!(cache.get(1, Format::Chat, b"body").is_some());
-        assert!(cache.get(1, Format::Anthropic, b"body").is_none());
-        assert!(cache.get(2, Format::Chat, b"body").is_none());
-        assert!(cache.get(1, Format::Chat, b"body2").is_none());
+        cache.insert(
+            key(1, Format::Chat, b"body"),
+            Bytes::from_static(b"body"),
+            outcome(),
+        );
+        assert!(get(&cache, 1, Format::Chat, b"body").is_some());
+        assert!(get(&cache, 1, Format::Anthropic, b"body").is_none());
+        assert!(get(&cache, 2, Format::Chat, b"body").is_none());
+        assert!(get(&cache, 1, Format::Chat, b"body2").is_none());
         cache.clear();
-        assert!(cache.get(1, Format::Chat, b"body").is_none());
+        assert!(get(&cache, 1, Format::Chat, b"body").is_none());
     }
 
     #[test]
     fn size_zero_turns_the_cache_off() {
         let cache = CompactionCache::new(0);
-        cache.insert(1, Format::Chat, Bytes::from_static(b"body"), outcome());
-        assert!(cache.get(1, Format::Chat, b"body").is_none());
+        cache.insert(
+            key(1, Format::Chat, b"body"),
+            Bytes::from_static(b"body"),
+            outcome(),
+        );
+        assert!(get(&cache, 1, Format::Chat, b"body").is_none());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! ever collected (with a byte cap, decoded bytes included); responses pass
 //! through frame by frame, watched for idleness and for how they end.
 
+use std::future::Future;
 use std::io::Read;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -207,6 +208,11 @@ where
         }
         buffer.extend_from_slice(&data);
     }
+    // A body that came without a length may leave up to half its buffer
+    // unused; the buffer outlives the request when the cache keeps it.
+    if buffer.capacity() > buffer.len() + buffer.len() / 8 {
+        buffer.shrink_to_fit();
+    }
     // What the allocator gave may exceed what was asked; count it all.
     hold.force_to(buffer.capacity());
     Ok(Collected {
@@ -368,13 +374,14 @@ pub fn request_coding(headers: &HeaderMap) -> Coding {
 }
 
 /// Decodes a gzip or deflate body, failing with 413 once the decoded bytes
-/// pass `limit` (a small compressed body can expand enormously).
-pub fn decode(body: &[u8], coding: Coding, limit: usize) -> Result<Bytes, ProxyError> {
+/// pass `limit` (a small compressed body can expand enormously). A body
+/// without a coding is shared, not copied.
+pub fn decode(body: &Bytes, coding: Coding, limit: usize) -> Result<Bytes, ProxyError> {
     let reader: Box<dyn Read + '_> = match coding {
-        Coding::Identity | Coding::Unsupported => return Ok(Bytes::copy_from_slice(body)),
-        Coding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(body)),
+        Coding::Identity | Coding::Unsupported => return Ok(body.clone()),
+        Coding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(&body[..])),
         // HTTP's "deflate" is zlib-wrapped (RFC 9110 8.4.1.2).
-        Coding::Deflate => Box::new(flate2::read::ZlibDecoder::new(body)),
+        Coding::Deflate => Box::new(flate2::read::ZlibDecoder::new(&body[..])),
     };
     let encoding = if coding == Coding::Gzip {
         "gzip"
@@ -522,7 +529,11 @@ pub struct IdleTimeout(Duration);
 pub struct Watched<B: Body, F: FnOnce(BodyEnd)> {
     inner: Pin<Box<B>>,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// Armed the first time the body has nothing to give: most responses
+    /// arrive whole with their headers and never need it.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// A frame went out since the timer was last set.
+    moved: bool,
     on_end: Option<F>,
     /// The stream's terminal event went out: a client that leaves now (SDKs
     /// close right after `data: [DONE]`) read everything there was.
@@ -534,7 +545,8 @@ impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
         Watched {
             inner: Box::pin(inner),
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            timer: None,
+            moved: false,
             on_end: Some(on_end),
             terminal_sent: false,
         }
@@ -544,6 +556,20 @@ impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
         if let Some(f) = self.on_end.take() {
             f(end);
         }
+    }
+
+    /// Polls the idle timer, counting `idle` from now when a frame went out
+    /// since it was set: the window opens when the body next waits, at most
+    /// one poll after the frame.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let idle = self.idle;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        if std::mem::take(&mut self.moved) {
+            timer.as_mut().reset(Instant::now() + idle);
+        }
+        timer.as_mut().poll(cx)
     }
 }
 
@@ -563,11 +589,12 @@ where
         let this = &mut *self;
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
+                // Only a body of unknown length is a stream whose client may
+                // leave right after its terminal event.
+                if let (Some(data), None) = (frame.data_ref(), this.inner.size_hint().exact()) {
                     this.terminal_sent |= ends_a_stream(data);
                 }
-                let deadline = Instant::now() + this.idle;
-                this.timer.as_mut().reset(deadline);
+                this.moved = true;
                 // hyper stops polling a body of known length after its last
                 // frame, so its end is seen here rather than as `None`.
                 if this.inner.is_end_stream() {
@@ -584,7 +611,7 @@ where
                 this.finish(BodyEnd::Complete);
                 Poll::Ready(None)
             }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
+            Poll::Pending => match this.poll_idle(cx) {
                 Poll::Ready(()) => {
                     let e = IdleTimeout(this.idle);
                     this.finish(BodyEnd::Failed(e.to_string()));
@@ -615,8 +642,6 @@ impl<B: Body, F: FnOnce(BodyEnd)> Drop for Watched<B, F> {
     }
 }
 
-use std::future::Future;
-
 /// Whether a response frame carries a stream's terminal event: chat's
 /// `data: [DONE]`, Anthropic's `message_stop`, Responses'
 /// `response.completed`. Only the frame's tail is searched: the terminal
@@ -631,7 +656,7 @@ fn ends_a_stream(data: &[u8]) -> bool {
     let tail = &data[data.len().saturating_sub(TAIL)..];
     MARKERS
         .iter()
-        .any(|m| tail.windows(m.len()).any(|w| w == *m))
+        .any(|m| memchr::memmem::find(tail, m).is_some())
 }
 
 #[cfg(test)]
@@ -663,11 +688,14 @@ mod tests {
 
     #[test]
     fn gzip_and_deflate_decode() {
-        assert_eq!(decode(&gzip(b"hello"), Coding::Gzip, 100).unwrap(), "hello");
+        assert_eq!(
+            decode(&gzip(b"hello").into(), Coding::Gzip, 100).unwrap(),
+            "hello"
+        );
         let mut z = ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
         z.write_all(b"hi").unwrap();
         assert_eq!(
-            decode(&z.finish().unwrap(), Coding::Deflate, 100).unwrap(),
+            decode(&z.finish().unwrap().into(), Coding::Deflate, 100).unwrap(),
             "hi"
         );
     }
@@ -677,15 +705,18 @@ mod tests {
         let bomb = gzip(&vec![b'a'; 10_000]);
         assert!(bomb.len() < 200);
         assert!(matches!(
-            decode(&bomb, Coding::Gzip, 9_999),
+            decode(&bomb.clone().into(), Coding::Gzip, 9_999),
             Err(ProxyError::BodyTooLarge { limit: 9_999 })
         ));
-        assert_eq!(decode(&bomb, Coding::Gzip, 10_000).unwrap().len(), 10_000);
+        assert_eq!(
+            decode(&bomb.into(), Coding::Gzip, 10_000).unwrap().len(),
+            10_000
+        );
     }
 
     #[test]
     fn corrupt_gzip_is_a_client_error() {
-        let err = decode(b"not gzip", Coding::Gzip, 100).unwrap_err();
+        let err = decode(&Bytes::from_static(b"not gzip"), Coding::Gzip, 100).unwrap_err();
         assert!(err.is_client_error(), "{err}");
     }
 
@@ -792,6 +823,67 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.code(), "body_timeout");
+    }
+
+    /// A body of unknown length whose frames a test sends by hand.
+    struct Fed(tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+
+    impl Body for Fed {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.0
+                .poll_recv(cx)
+                .map(|data| data.map(|d| Ok(Frame::data(d))))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_idle_window_restarts_with_every_frame() {
+        let idle = Duration::from_millis(300);
+        let (feed, frames) = tokio::sync::mpsc::unbounded_channel();
+        let (ended_tx, ended) = std::sync::mpsc::channel();
+        let mut watched = Watched::new(Fed(frames), idle, move |end| ended_tx.send(end).unwrap());
+        // Six frames a third of the window apart: twice the window in all.
+        tokio::spawn(async move {
+            for i in 0..6 {
+                tokio::time::sleep(idle / 3).await;
+                let _ = feed.send(Bytes::from(format!("data: {i}\n\n")));
+            }
+            // Then silence, the sender kept open.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(feed);
+        });
+        for i in 0..6 {
+            let frame = watched.frame().await.expect("a frame").expect("not cut");
+            assert_eq!(frame.into_data().unwrap(), format!("data: {i}\n\n"));
+        }
+        let started = std::time::Instant::now();
+        let cut = watched.frame().await.expect("cut, not ended");
+        assert!(cut.is_err(), "silence past the window cuts the body");
+        assert!(started.elapsed() >= idle - Duration::from_millis(50));
+        assert!(matches!(ended.try_recv(), Ok(BodyEnd::Failed(_))));
+    }
+
+    #[tokio::test]
+    async fn a_stream_left_after_its_terminal_event_is_complete() {
+        for (last, want) in [
+            ("data: [DONE]\n\n", BodyEnd::Complete),
+            ("data: {}\n\n", BodyEnd::Abandoned),
+        ] {
+            let (feed, frames) = tokio::sync::mpsc::unbounded_channel();
+            let (ended_tx, ended) = std::sync::mpsc::channel();
+            let mut watched = Watched::new(Fed(frames), Duration::from_secs(5), move |end| {
+                ended_tx.send(end).unwrap()
+            });
+            feed.send(Bytes::from(last)).unwrap();
+            watched.frame().await.unwrap().unwrap();
+            drop(watched);
+            assert_eq!(ended.try_recv().unwrap(), want, "after {last:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use super::body::{self, Coding};
 use super::AppState;
+use crate::cache::CompactionCache;
 use crate::compaction::stable::Checkpoints;
 use crate::error::ProxyError;
 use crate::format::{Format, Skip};
@@ -149,7 +150,7 @@ fn compute(
     state: &AppState,
     policy: &CompiledPolicy,
     format: Format,
-    raw: &[u8],
+    raw: &Bytes,
     coding: Coding,
     limits: Limits,
     goal: Option<String>,
@@ -173,7 +174,8 @@ fn compute(
         .map_err(|skip| Decline::Skip(skip.reason()))?;
         return Ok((Arc::new(outcome), false));
     }
-    if let Some(hit) = state.cache.get(policy.id, format, &decoded) {
+    let key = CompactionCache::key(policy.id, format, &decoded);
+    if let Some(hit) = state.cache.get(key, &decoded) {
         return Ok((hit, true));
     }
     let outcome = outcome_of(
@@ -187,9 +189,7 @@ fn compute(
     let outcome = Arc::new(outcome);
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
-    state
-        .cache
-        .insert(policy.id, format, decoded, outcome.clone());
+    state.cache.insert(key, decoded, outcome.clone());
     Ok((outcome, false))
 }
 

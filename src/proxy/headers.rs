@@ -8,8 +8,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use crate::compaction::stable::StableInfo;
 use crate::outcome::{LossSummary, Status};
 
-/// Hop-by-hop headers (RFC 9110 7.6.1) plus the legacy ones proxies see.
-pub const HOP_BY_HOP: [HeaderName; 9] = [
+/// Hop-by-hop headers (RFC 9110 7.6.1) plus the legacy ones proxies see;
+/// `Connection` first ([`strip_hop_by_hop`] reads its tokens).
+pub static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     header::PROXY_AUTHENTICATE,
@@ -33,10 +34,25 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 
 /// Removes hop-by-hop headers and every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = connection_tokens(headers)
-        .filter_map(|name| HeaderName::try_from(name).ok())
-        .collect();
-    for name in HOP_BY_HOP.iter().chain(&named) {
+    // One pass over the names finds the few present (usually `Connection`
+    // alone, or none): cheaper than a lookup per listed name.
+    let mut present = [false; 9];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        }
+    }
+    let connection_present = present[0];
+    let named: Vec<HeaderName> = if connection_present {
+        connection_tokens(headers)
+            .filter_map(|name| HeaderName::try_from(name).ok())
+            .filter(|name| !HOP_BY_HOP.contains(name))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let listed = HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p);
+    for name in listed.map(|(name, _)| name).chain(&named) {
         headers.remove(name);
     }
 }
@@ -112,37 +128,44 @@ pub fn write_loss_report(
     let Some(loss) = loss else { return };
     let tokens = loss.input_tokens.zip(loss.output_tokens);
     let (input_tokens, output_tokens) = tokens.unzip();
-    let figures: [(HeaderName, Option<&dyn std::fmt::Display>); 14] = [
-        (INPUT_CHARS, Some(&loss.input_chars)),
-        (OUTPUT_CHARS, Some(&loss.output_chars)),
-        (INPUT_MESSAGES, Some(&loss.input_messages)),
-        (OUTPUT_MESSAGES, Some(&loss.output_messages)),
-        (DROPPED_MESSAGES, Some(&loss.dropped_messages)),
-        (DEDUPED_MESSAGES, Some(&loss.deduped_messages)),
-        (TRIMMED_MESSAGES, Some(&loss.trimmed_messages)),
-        (PRUNED_CHARS, Some(&loss.pruned_chars)),
-        (CLIPPED_CHARS, Some(&loss.clipped_chars)),
-        (DEDUPED_TOOL_CHARS, Some(&loss.deduped_tool_chars)),
-        (INPUT_TOKENS, input_tokens.as_ref().map(|n| n as _)),
-        (OUTPUT_TOKENS, output_tokens.as_ref().map(|n| n as _)),
-        (BUDGET_TOKENS, loss.budget_tokens.as_ref().map(|n| n as _)),
-        (RETAINED_RATIO, Some(&loss.retained_ratio)),
+    let counts: [(HeaderName, Option<usize>); 13] = [
+        (INPUT_CHARS, Some(loss.input_chars)),
+        (OUTPUT_CHARS, Some(loss.output_chars)),
+        (INPUT_MESSAGES, Some(loss.input_messages)),
+        (OUTPUT_MESSAGES, Some(loss.output_messages)),
+        (DROPPED_MESSAGES, Some(loss.dropped_messages)),
+        (DEDUPED_MESSAGES, Some(loss.deduped_messages)),
+        (TRIMMED_MESSAGES, Some(loss.trimmed_messages)),
+        (PRUNED_CHARS, Some(loss.pruned_chars)),
+        (CLIPPED_CHARS, Some(loss.clipped_chars)),
+        (DEDUPED_TOOL_CHARS, Some(loss.deduped_tool_chars)),
+        (INPUT_TOKENS, input_tokens),
+        (OUTPUT_TOKENS, output_tokens),
+        (BUDGET_TOKENS, loss.budget_tokens),
     ];
     let mut text = bytes::BytesMut::with_capacity(256);
-    let mut spans = [(0, 0); 14];
-    for (span, (_, figure)) in spans.iter_mut().zip(&figures) {
+    let mut spans = [(0, 0); 13];
+    let mut digits = itoa::Buffer::new();
+    for (span, (_, count)) in spans.iter_mut().zip(&counts) {
         let start = text.len();
-        if let Some(figure) = figure {
-            let _ = write!(text, "{figure}");
+        if let Some(count) = count {
+            text.extend_from_slice(digits.format(*count).as_bytes());
         }
         *span = (start, text.len());
     }
+    let ratio_start = text.len();
+    let _ = write!(text, "{}", loss.retained_ratio);
+    let ratio = (ratio_start, text.len());
     let text = text.freeze();
-    for ((name, figure), (start, end)) in figures.into_iter().zip(spans) {
-        if figure.is_some() {
-            if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(start..end)) {
-                headers.insert(name, value);
-            }
+    let figures = counts
+        .into_iter()
+        .zip(spans)
+        .filter(|((_, count), _)| count.is_some())
+        .map(|((name, _), span)| (name, span))
+        .chain([(RETAINED_RATIO, ratio)]);
+    for (name, (start, end)) in figures {
+        if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(start..end)) {
+            headers.insert(name, value);
         }
     }
     headers.insert(
@@ -284,6 +307,59 @@ mod tests {
         write_loss_report(&mut h, Status::Skipped("invalid-json"), "p", None);
         note_bypass_refused(&mut h);
         assert_eq!(h[STATUS], "skipped; invalid-json; bypass-not-allowed");
+    }
+
+    #[test]
+    fn the_loss_report_names_each_figure() {
+        let loss = LossSummary {
+            input_chars: 1000,
+            output_chars: 400,
+            input_messages: 12,
+            output_messages: 5,
+            dropped_messages: 7,
+            deduped_messages: 2,
+            trimmed_messages: 1,
+            retained_ratio: 0.4,
+            budget_met: true,
+            pruned_chars: 30,
+            clipped_chars: 0,
+            deduped_tool_chars: 18446744073709551615,
+            input_tokens: None,
+            output_tokens: None,
+            budget_tokens: Some(250),
+        };
+        let mut h = HeaderMap::new();
+        // An upstream's own header of the same name is replaced, not joined.
+        h.insert("x-compaction-input-chars", HeaderValue::from_static("1"));
+        write_loss_report(&mut h, Status::Compacted, "agents", Some(&loss));
+        let header = |name: &str| {
+            h.get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect::<Vec<_>>()
+        };
+        for (name, want) in [
+            ("x-compaction-status", "compacted"),
+            ("x-compaction-policy", "agents"),
+            ("x-compaction-input-chars", "1000"),
+            ("x-compaction-output-chars", "400"),
+            ("x-compaction-input-messages", "12"),
+            ("x-compaction-output-messages", "5"),
+            ("x-compaction-dropped-messages", "7"),
+            ("x-compaction-deduped-messages", "2"),
+            ("x-compaction-trimmed-messages", "1"),
+            ("x-compaction-pruned-chars", "30"),
+            ("x-compaction-clipped-chars", "0"),
+            ("x-compaction-deduped-tool-chars", "18446744073709551615"),
+            ("x-compaction-budget-tokens", "250"),
+            ("x-compaction-retained-ratio", "0.4"),
+            ("x-compaction-budget-met", "true"),
+        ] {
+            assert_eq!(header(name), [want], "{name}");
+        }
+        assert!(!h.contains_key("x-compaction-input-tokens"));
+        assert!(!h.contains_key("x-compaction-output-tokens"));
+        assert_eq!(h.len(), 15);
     }
 
     #[test]

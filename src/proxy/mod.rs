@@ -307,12 +307,7 @@ async fn forward(
     if let Some(verdict) = &verdict {
         record.status = Some(verdict.status);
     }
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    parts.uri = upstream::target(&runtime.upstream, &path_and_query);
+    parts.uri = upstream::target(&runtime.upstream, &parts.uri);
     parts.version = http::Version::HTTP_11;
     // A protocol upgrade (WebSocket): both sides' connections are joined
     // once the upstream agrees.

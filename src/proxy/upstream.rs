@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
@@ -164,26 +165,33 @@ fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 /// `/v1/chat/completions` and `/chat/completions` both reach
 /// `http://h/v1/chat/completions`, and with `http://h` the request path is
 /// sent unchanged.
-pub fn target(base: &Uri, path_and_query: &str) -> Uri {
+pub fn target(base: &Uri, request: &Uri) -> Uri {
     let prefix = base.path().trim_end_matches('/');
-    let path = path_and_query.split('?').next().unwrap_or("");
+    let path = request.path();
     let has_prefix = path
         .strip_prefix(prefix)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-    let prefix = if has_prefix { "" } else { prefix };
-    let mut parts = base.clone().into_parts();
-    let joined = format!("{prefix}{path_and_query}");
-    parts.path_and_query = Some(
-        joined
+    let path_and_query = match request.path_and_query() {
+        // Most requests: the request's own, shared, not parsed again.
+        Some(own) if has_prefix => own.clone(),
+        own => format!("{prefix}{}", own.map_or("/", |p| p.as_str()))
             .parse()
-            .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
-    );
+            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
+    };
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = base.scheme().cloned();
+    parts.authority = base.authority().cloned();
+    parts.path_and_query = Some(path_and_query);
     Uri::from_parts(parts).unwrap_or_else(|_| base.clone())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn target(base: &Uri, request: &str) -> Uri {
+        super::target(base, &request.parse().unwrap())
+    }
 
     #[test]
     fn joins_base_prefix_with_path_and_query() {
