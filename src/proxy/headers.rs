@@ -43,10 +43,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     let connection_present = present[0];
+    // `Connection: keep-alive` and `close`, by far the most common, name
+    // nothing left to remove: told apart before parsing a name.
+    let listed_or_close = |token: &str| {
+        token.eq_ignore_ascii_case("close")
+            || HOP_BY_HOP
+                .iter()
+                .any(|hop| token.eq_ignore_ascii_case(hop.as_str()))
+    };
     let named: Vec<HeaderName> = if connection_present {
         connection_tokens(headers)
+            .filter(|token| !listed_or_close(token))
             .filter_map(|name| HeaderName::try_from(name).ok())
-            .filter(|name| !HOP_BY_HOP.contains(name))
             .collect()
     } else {
         Vec::new()

@@ -92,11 +92,12 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     record.tenant = resolution.tenant.clone();
 
     let (mut parts, body) = request.into_parts();
-    let bypass_refused = !resolution.policy.allow_bypass && headers::wants_bypass(&parts.headers);
+    let wants_bypass = headers::wants_bypass(&parts.headers);
+    let bypass_refused = wants_bypass && !resolution.policy.allow_bypass;
     // Requests that are not compacted keep their body streaming.
     let untouched = if parts.method != Method::POST {
         Some(Status::Skipped("not-post"))
-    } else if resolution.policy.allow_bypass && headers::wants_bypass(&parts.headers) {
+    } else if wants_bypass && resolution.policy.allow_bypass {
         Some(Status::Bypassed)
     } else {
         None
