@@ -527,7 +527,7 @@ pub struct IdleTimeout(Duration);
 /// `idle` without a frame, and calling `on_end` exactly once with how it
 /// ended (when the body finishes, fails, or is dropped by a departing client).
 pub struct Watched<B: Body, F: FnOnce(BodyEnd)> {
-    inner: Pin<Box<B>>,
+    inner: B,
     idle: Duration,
     /// Armed the first time the body has nothing to give: most responses
     /// arrive whole with their headers and never need it.
@@ -543,7 +543,7 @@ pub struct Watched<B: Body, F: FnOnce(BodyEnd)> {
 impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
     pub fn new(inner: B, idle: Duration, on_end: F) -> Self {
         Watched {
-            inner: Box::pin(inner),
+            inner,
             idle,
             timer: None,
             moved: false,
@@ -575,7 +575,7 @@ impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
 
 impl<B, F> Body for Watched<B, F>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
     F: FnOnce(BodyEnd) + Unpin,
 {
@@ -587,7 +587,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        match this.inner.as_mut().poll_frame(cx) {
+        match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 // Only a body of unknown length is a stream whose client may
                 // leave right after its terminal event.
