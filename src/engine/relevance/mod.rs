@@ -1,0 +1,206 @@
+//! Relevance scoring (`scoring = "relevance"`): how much each message is
+//! about what the latest request asks, by BM25 with the request as the query.
+//!
+//! - **Query**: the terms of the last `user` message of the input, plus the
+//!   terms of the policy's goal text when a caller passes one. Each distinct
+//!   term counts once; the request and the goal weigh the same.
+//! - **Documents**: every other message, whatever its role (tool results
+//!   included). The request message itself is not a document: it would add
+//!   one to the document frequency of every query term alike. It is given
+//!   relevance 1, the most any message has: it is the request.
+//! - **Terms**: runs of letters and digits, case-folded. A run joined by
+//!   `- _ . / : # @ +` to another run (`7731-KAPPA`, `src/main.rs`,
+//!   `v1.2.3`) is kept whole as one term, and each of its parts is a term
+//!   too, so `main.rs` in a question still finds `src/main.rs`. Terms with a
+//!   digit and joined terms are never stemmed; letter-only terms go through
+//!   [`stem`], a small suffix stripper (plurals, `-ing`, `-ed`, `-ation`,
+//!   `-ment`, `-ness`, a final `-y` or `-e`). Common English words
+//!   ([`is_stopword`]) and one-letter words are never query terms.
+//! - **BM25**: `k1` = [`K1`], `b` = [`B`], `idf = ln(1 + (N - df + 0.5) /
+//!   (df + 0.5))` over the N documents; a document's length is the number of
+//!   its terms (stopwords included: only the ratio to the average matters).
+//! - **Relevance** of a message is its BM25 score divided by the highest
+//!   score of any document, so it lies in [0, 1] and the most relevant
+//!   message has 1. No query term in any document: every relevance is 0.
+//!
+//! - **Analyses**: each message is first reduced to an [`Analysis`], its
+//!   length and the count of each distinct term (by a 64-bit [`term_id`]),
+//!   whatever the query; BM25 then reads the query's terms from those. An
+//!   [`AnalysisCache`] the caller passes keeps analyses between requests, by
+//!   a hash of each message's text and of each history, so a new turn of a
+//!   conversation analyses only its new messages. Without a cache nothing
+//!   is kept, so no analysis is built: a [`QueryCounter`] counts the
+//!   query's terms straight from each text, the same integers.
+//! - **Scanning**: an ASCII text, nearly every one, is read from bit masks
+//!   of its bytes ([`TermMasks`](terms::TermMasks)), so terms are found by counting zeros,
+//!   not by a branch per byte; any other text by [`for_each_term`].
+//!
+//! Everything is computed in input order over sorted or index-keyed
+//! structures: the same messages and goal give the same numbers, bit for
+//! bit, with any cache or none. Pure: no I/O; a cache is the caller's.
+
+mod analysis;
+mod query;
+mod terms;
+#[cfg(test)]
+mod tests;
+
+pub use analysis::{
+    fill, history_keys, message_key, Analysis, AnalysisCache, CachedAnalysis, History, NoAnalyses,
+};
+pub use terms::{is_stopword, stem, term_id, terms};
+
+use analysis::HistoryLookup;
+use query::{Query, QueryCounter};
+use terms::for_each_term;
+
+use super::{Message, Role};
+
+/// BM25 term-frequency saturation.
+pub const K1: f64 = 1.2;
+
+/// BM25 length normalisation.
+pub const B: f64 = 0.75;
+
+/// What [`analyze`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Relevance {
+    /// The distinct query terms, in code-point order.
+    pub query_terms: Vec<String>,
+    /// The index of the latest user message, the request, if any.
+    pub query_index: Option<usize>,
+    /// Normalised relevance of each input message, in [0, 1].
+    pub relevance: Vec<f64>,
+}
+
+/// Scores each message of `messages` against the latest user message and
+/// the optional `goal`.
+pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
+    analyze_cached(messages, goal, &NoAnalyses)
+}
+
+/// [`analyze`], with each message's [`Analysis`] looked up in (and added
+/// to) `cache` by a hash of its text, so a turn that adds a message to a
+/// history analyses only the new one. The result is the same with any
+/// cache or none, bit for bit: an analysis is a pure function of the text.
+pub fn analyze_cached(
+    messages: &[Message],
+    goal: Option<&str>,
+    cache: &dyn AnalysisCache,
+) -> Relevance {
+    let query_index = messages.iter().rposition(|m| m.role == Role::User);
+    let mut query = Query::default();
+    if let Some(q) = query_index {
+        for_each_term(&messages[q].content, |term, kind| query.add(term, kind));
+    }
+    if let Some(goal) = goal {
+        for_each_term(goal, |term, kind| query.add(term, kind));
+    }
+    let mut relevance = vec![0.0; messages.len()];
+    if query.terms.is_empty() {
+        if let Some(q) = query_index {
+            relevance[q] = 1.0;
+        }
+        return Relevance {
+            query_terms: Vec::new(),
+            query_index,
+            relevance,
+        };
+    }
+
+    // Each document's length and query-term counts, from its analysis.
+    let terms = query.terms.len();
+    let mut tf = vec![0u32; messages.len() * terms];
+    let mut length = vec![0u32; messages.len()];
+    let mut df = vec![0u32; terms];
+    let mut documents = 0usize;
+    let mut add_document = |counts: &[u32]| {
+        documents += 1;
+        for (d, &c) in df.iter_mut().zip(counts) {
+            *d += u32::from(c > 0);
+        }
+    };
+    // A history whose earlier turn the cache holds reuses its analyses
+    // and adds its new messages'. Without one (no cache, or the first
+    // turn the cache sees), analysing every message would double this
+    // request's cost: the query's terms are counted straight from the
+    // text, and a cache that can builds the analyses after the request.
+    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    let found = cache.enabled().then(|| HistoryLookup::new(&texts, cache));
+    let count_directly = match &found {
+        None => true,
+        Some(lookup) => {
+            lookup.earlier.is_none()
+                && lookup
+                    .prefixes
+                    .last()
+                    .is_some_and(|&history| cache.fill_later(history, &texts))
+        }
+    };
+    if let (Some(lookup), false) = (found, count_directly) {
+        lookup.analyses(&texts, cache).for_each(|i, analysis| {
+            if Some(i) == query_index {
+                return;
+            }
+            let counts = &mut tf[i * terms..(i + 1) * terms];
+            length[i] = analysis.length;
+            query.count_in(analysis, counts);
+            add_document(counts);
+        });
+    } else {
+        // The same integers as counting the terms in analyses.
+        let mut counter = QueryCounter::new(&query);
+        for (i, m) in messages.iter().enumerate() {
+            if Some(i) == query_index {
+                continue;
+            }
+            let counts = &mut tf[i * terms..(i + 1) * terms];
+            length[i] = counter.count(&m.content, counts);
+            add_document(counts);
+        }
+    }
+    let total_length: u64 = length.iter().map(|&l| u64::from(l)).sum();
+    let average_length = if documents == 0 {
+        1.0
+    } else {
+        (total_length as f64 / documents as f64).max(1.0)
+    };
+    let n = documents as f64;
+    let idf: Vec<f64> = df
+        .iter()
+        .map(|&d| (1.0 + (n - d as f64 + 0.5) / (d as f64 + 0.5)).ln())
+        .collect();
+
+    let mut best = 0.0f64;
+    for (i, r) in relevance.iter_mut().enumerate() {
+        if Some(i) == query_index {
+            continue;
+        }
+        let norm = K1 * (1.0 - B + B * length[i] as f64 / average_length);
+        let mut score = 0.0;
+        for (t, &count) in tf[i * terms..(i + 1) * terms].iter().enumerate() {
+            if count > 0 {
+                let f = count as f64;
+                score += idf[t] * f * (K1 + 1.0) / (f + norm);
+            }
+        }
+        *r = score;
+        best = best.max(score);
+    }
+    if best > 0.0 {
+        for r in &mut relevance {
+            *r /= best;
+        }
+    }
+    if let Some(q) = query_index {
+        relevance[q] = 1.0;
+    }
+
+    let mut query_terms: Vec<String> = query.terms.into_iter().map(|(t, _)| t).collect();
+    query_terms.sort_unstable();
+    Relevance {
+        query_terms,
+        query_index,
+        relevance,
+    }
+}
