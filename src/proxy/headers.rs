@@ -36,13 +36,13 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names finds the few present (usually `Connection`
     // alone, or none): cheaper than a lookup per listed name.
-    let mut present = [false; 9];
+    let mut present = 0u16; // bit i: HOP_BY_HOP[i] is in `headers`
     for name in headers.keys() {
         if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
-            present[i] = true;
+            present |= 1 << i;
         }
     }
-    let connection_present = present[0];
+    let connection_present = present & 1 != 0;
     // `Connection: keep-alive` and `close`, by far the most common, name
     // nothing left to remove: told apart before parsing a name.
     let listed_or_close = |token: &str| {
@@ -59,8 +59,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     } else {
         Vec::new()
     };
-    let listed = HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p);
-    for name in listed.map(|(name, _)| name).chain(&named) {
+    let listed = HOP_BY_HOP
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| present & 1 << i != 0);
+    for name in listed.map(|(_, name)| name).chain(&named) {
         headers.remove(name);
     }
 }
@@ -251,6 +254,17 @@ mod tests {
             h.contains_key(header::AUTHORIZATION),
             "end-to-end headers stay"
         );
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_alone_is_removed() {
+        for name in HOP_BY_HOP.iter() {
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+            h.insert("x-other", HeaderValue::from_static("1"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.keys().collect::<Vec<_>>(), ["x-other"], "{name}");
+        }
     }
 
     #[test]
