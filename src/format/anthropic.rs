@@ -27,17 +27,19 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{elements, span, ArgumentsForm, Marker, WireItem};
-use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
+use super::splice::{span, ArgumentsForm, Marker, WireItem};
+use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
 
 const MEDIA_BLOCKS: [&str; 2] = ["image", "document"];
 
+/// The top level; the messages read as the array they must be in the same
+/// pass as the body.
 #[derive(Deserialize)]
 struct TopFields<'a> {
     #[serde(borrow)]
-    messages: Option<&'a RawValue>,
+    messages: Option<Vec<&'a RawValue>>,
     #[serde(borrow, default)]
     system: Option<&'a RawValue>,
 }
@@ -76,8 +78,8 @@ struct BlockFields<'a> {
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
     let top: TopFields = top_level(body)?;
-    let raw_messages = top.messages.ok_or(Skip::NoMessages)?;
-    let items = elements(raw_messages.get()).ok_or(Skip::NoMessages)?;
+    let items = top.messages.ok_or(Skip::NoMessages)?;
+    let array_span = top_array_span(body, "messages", &items)?;
     if items.len() > max_items {
         return Err(Skip::TooManyMessages(items.len(), max_items));
     }
@@ -228,7 +230,7 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
         format: Format::Anthropic,
         conversation,
         body,
-        array_span: span(body, raw_messages.get()),
+        array_span,
         wire,
     })
 }

@@ -18,24 +18,18 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{array_span_of, span, string_at, ArgumentsForm, WireItem};
-use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
+use super::splice::{span, string_at, ArgumentsForm, WireItem};
+use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
 
 /// Part types that hold no text and count zero.
 const MEDIA_PARTS: [&str; 4] = ["image_url", "input_audio", "file", "audio"];
 
+/// The top level's messages, read as the array they must be in the same
+/// pass as the body.
 #[derive(Deserialize)]
 struct TopFields<'a> {
-    #[serde(borrow)]
-    messages: Option<&'a RawValue>,
-}
-
-/// [`TopFields`] with the messages read as the array they must be, in the
-/// same pass as the body.
-#[derive(Deserialize)]
-struct TopMessages<'a> {
     #[serde(borrow)]
     messages: Option<Vec<&'a RawValue>>,
 }
@@ -92,16 +86,9 @@ struct PartFields<'a> {
 }
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
-    let top: TopMessages = top_level(body)?;
+    let top: TopFields = top_level(body)?;
     let items = top.messages.ok_or(Skip::NoMessages)?;
-    let array_span = match array_span_of(body, &items) {
-        Some(span) => span,
-        // No element to find the array by: read it as a whole.
-        None => {
-            let top: TopFields = top_level(body)?;
-            span(body, top.messages.ok_or(Skip::NoMessages)?.get())
-        }
-    };
+    let array_span = top_array_span(body, "messages", &items)?;
     if items.len() > max_items {
         return Err(Skip::TooManyMessages(items.len(), max_items));
     }

@@ -21,9 +21,12 @@ pub mod chat;
 pub mod responses;
 pub(crate) mod splice;
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::engine::Role;
 use splice::WireItem;
@@ -286,6 +289,20 @@ impl Parsed<'_> {
     }
 }
 
+/// Where the top-level array `field` lies in `body`, brackets included,
+/// given its elements as read with the body: found around its first and
+/// last element ([`splice::array_span_of`]), so the array is not read a
+/// second time. An empty array has no element to find it by: the top level
+/// is read again for it (rare).
+fn top_array_span(body: &str, field: &str, items: &[&RawValue]) -> Result<Range<usize>, Skip> {
+    if let Some(found) = splice::array_span_of(body, items) {
+        return Ok(found);
+    }
+    let top: HashMap<Cow<str>, &RawValue> = top_level(body)?;
+    let array = top.get(field).ok_or(Skip::NoMessages)?;
+    Ok(splice::span(body, array.get()))
+}
+
 /// Reads a body's top level: it must be a JSON object.
 fn top_level<'a, T: Deserialize<'a>>(body: &'a str) -> Result<T, Skip> {
     // serde's derived structs also read arrays by position: only an object
@@ -305,6 +322,40 @@ fn top_level<'a, T: Deserialize<'a>>(body: &'a str) -> Result<T, Skip> {
 #[cfg(test)]
 mod limit_tests {
     use super::*;
+
+    #[test]
+    fn the_messages_array_is_found_in_the_body_empty_or_not() {
+        let user = r#"{"role":"user","content":"hi"}"#;
+        for format in [Format::Chat, Format::Anthropic] {
+            for (body, array) in [
+                (
+                    r#"{"model":"m", "messages" : [ ] }"#.to_owned(),
+                    "[ ]".to_owned(),
+                ),
+                (r#"{"messages":[]}"#.to_owned(), "[]".to_owned()),
+                (
+                    format!("{{\"messages\":\n[ {user},\t{user} ]\n, \"system\": \"s\"}}"),
+                    format!("[ {user},\t{user} ]"),
+                ),
+            ] {
+                let parsed = format.parse(body.as_bytes(), usize::MAX).unwrap();
+                assert_eq!(&body[parsed.array_span.clone()], array, "{format:?} {body}");
+            }
+            for not_an_array in [
+                r#"{"messages": {}}"#,
+                r#"{"messages": "hi"}"#,
+                r#"{"model": "m"}"#,
+            ] {
+                assert_eq!(
+                    format
+                        .parse(not_an_array.as_bytes(), usize::MAX)
+                        .unwrap_err(),
+                    Skip::NoMessages,
+                    "{format:?} {not_an_array}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn request_limits_read_the_model_and_the_largest_output_limit() {
