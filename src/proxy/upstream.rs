@@ -174,9 +174,12 @@ pub fn target(base: &Uri, request: &Uri) -> Uri {
     let path_and_query = match request.path_and_query() {
         // Most requests: the request's own, shared, not parsed again.
         Some(own) if has_prefix => own.clone(),
-        own => format!("{prefix}{}", own.map_or("/", |p| p.as_str()))
-            .parse()
-            .unwrap_or_else(|_| PathAndQuery::from_static("/")),
+        own => {
+            let prefix = if has_prefix { "" } else { prefix };
+            format!("{prefix}{}", own.map_or("/", |p| p.as_str()))
+                .parse()
+                .unwrap_or_else(|_| PathAndQuery::from_static("/"))
+        }
     };
     let mut parts = http::uri::Parts::default();
     parts.scheme = base.scheme().cloned();
