@@ -40,6 +40,7 @@ pub mod compact;
 pub mod headers;
 pub mod server;
 pub mod state;
+pub mod stream_end;
 pub mod upstream;
 pub mod workers;
 

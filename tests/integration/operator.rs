@@ -536,10 +536,30 @@ async fn a_stream_that_delivered_its_terminal_event_is_complete_when_the_client_
         let frames = ["data: {\"choices\":[]}\n\n", terminal];
         assert_eq!(ending_after(&frames).await, BodyEnd::Complete, "{terminal}");
     }
+    // The marker cut between two frames, as a socket read may cut it.
+    assert_eq!(
+        ending_after(&["data: {\"choices\":[]}\n\ndata: [DO", "NE]\n\n"]).await,
+        BodyEnd::Complete
+    );
+    // A Responses stream ends with the whole response, thousands of bytes
+    // after the event's name.
+    let completed: &'static str = Box::leak(
+        format!(
+            "event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"output_text\":\"{}\"}}}}\n\n",
+            "word ".repeat(1000)
+        )
+        .into_boxed_str(),
+    );
+    assert_eq!(ending_after(&[completed]).await, BodyEnd::Complete);
     assert_eq!(
         ending_after(&["data: {\"choices\":[]}\n\n"]).await,
         BodyEnd::Abandoned,
         "a client leaving mid-stream is still client-gone"
+    );
+    assert_eq!(
+        ending_after(&["data: {\"delta\":\"quoting data: [DONE] in text\"}\n\n"]).await,
+        BodyEnd::Abandoned,
+        "a marker inside a line is text, not an ending"
     );
 }
 
