@@ -43,17 +43,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     let connection_present = present & 1 != 0;
-    // `Connection: keep-alive` and `close`, by far the most common, name
-    // nothing left to remove: told apart before parsing a name.
-    let listed_or_close = |token: &str| {
-        token.eq_ignore_ascii_case("close")
-            || HOP_BY_HOP
-                .iter()
-                .any(|hop| token.eq_ignore_ascii_case(hop.as_str()))
+    // `Connection: keep-alive`, by far the most common, names a listed
+    // header: told apart before parsing a name. `close` is parsed: a field
+    // named `Close` is a connection option too (RFC 9110, 7.6.1).
+    let listed = |token: &str| {
+        HOP_BY_HOP
+            .iter()
+            .any(|hop| token.eq_ignore_ascii_case(hop.as_str()))
     };
     let named: Vec<HeaderName> = if connection_present {
         connection_tokens(headers)
-            .filter(|token| !listed_or_close(token))
+            .filter(|token| !listed(token))
             .filter_map(|name| HeaderName::try_from(name).ok())
             .collect()
     } else {
@@ -279,6 +279,22 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert!(!h.contains_key("x-internal-hop"));
         assert!(h.contains_key("x-other"));
+    }
+
+    #[test]
+    fn every_connection_line_and_token_is_a_header_to_remove() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("Close ,  X-A"));
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static(",x-b,,Keep-Alive"),
+        );
+        for name in ["close", "x-a", "x-b", "keep-alive", "x-kept"] {
+            h.insert(name, HeaderValue::from_static("1"));
+        }
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-kept"]);
     }
 
     #[test]
