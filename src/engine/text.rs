@@ -6,6 +6,7 @@
 //! sets are `u32` vectors of distinct ids, compared through a [`MarkedSet`].
 
 use std::hash::Hasher;
+use std::ops::Range;
 
 use hashbrown::HashTable;
 use rustc_hash::{FxHashMap, FxHasher};
@@ -90,21 +91,31 @@ impl Vocabulary {
     /// The id of `word` (already lowercased), interned if new.
     fn intern(&mut self, word: &str) -> u32 {
         if word.len() <= SHORT_WORD_BYTES {
-            return self.intern_short(pack(word.as_bytes()), word.len());
+            return self.intern_short(pack(word.as_bytes()), word, 0..word.len());
         }
         self.intern_long(word)
     }
 
-    /// The id of a short word, given packed by [`pack`].
+    /// The id of a short word, given packed by [`pack`] from
+    /// `text[at]` lowercased (`text[at]` may still have ASCII capitals).
     #[inline]
-    fn intern_short(&mut self, key: u128, len: usize) -> u32 {
-        if let Some(&id) = self.short.get(&key) {
-            return id;
+    fn intern_short(&mut self, key: u128, text: &str, at: Range<usize>) -> u32 {
+        match self.short.get(&key) {
+            Some(&id) => id,
+            // Cut only here: slicing a str checks char boundaries.
+            None => self.insert_short(key, &text[at]),
         }
-        let bytes = key.to_le_bytes();
-        // The key holds the word's bytes, so they are valid UTF-8.
-        let word = std::str::from_utf8(&bytes[..len]).unwrap_or_default();
-        let id = self.push(word);
+    }
+
+    /// Keeps a new short word. Out of line: each word is new only once, and
+    /// the lookup above is inlined into the scan.
+    #[cold]
+    #[inline(never)]
+    fn insert_short(&mut self, key: u128, word: &str) -> u32 {
+        let start = self.text.len();
+        self.text.push_str(word);
+        self.text[start..].make_ascii_lowercase();
+        let id = self.push_span(start, char_count(word));
         self.short.insert(key, id);
         id
     }
@@ -135,12 +146,17 @@ impl Vocabulary {
 
     /// Keeps a new word; returns its id.
     fn push(&mut self, word: &str) -> u32 {
-        let id = self.spans.len() as u32;
         let start = self.text.len();
         self.text.push_str(word);
+        self.push_span(start, char_count(word))
+    }
+
+    /// Records the word that ends `text`, from `start`; returns its id.
+    fn push_span(&mut self, start: usize, chars: usize) -> u32 {
+        let id = self.spans.len() as u32;
         // Bodies are capped far below 4 GiB, so spans fit in u32.
         self.spans.push((start as u32, self.text.len() as u32));
-        self.word_chars.push(char_count(word) as u32);
+        self.word_chars.push(chars as u32);
         id
     }
 
@@ -214,7 +230,7 @@ impl Vocabulary {
                 // `| 0x20` lowercases a letter and keeps a digit; the mask
                 // keeps the word's own bytes (len >= 1 here).
                 let keep = u128::MAX >> (128 - 8 * len);
-                self.intern_short((window | LOWERCASE_BITS) & keep, len)
+                self.intern_short((window | LOWERCASE_BITS) & keep, text, start..at)
             } else {
                 long.clear();
                 long.push_str(&text[start..at]);
