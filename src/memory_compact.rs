@@ -10,6 +10,8 @@ use crate::engine::{self, text::char_count, Message, Policy, Report, Role};
 
 const MIN_MESSAGES: usize = 2;
 const MAX_MESSAGES: usize = 200;
+// Every request the API accepts gets the engine's exhaustive dedupe.
+const _: () = assert!(MAX_MESSAGES <= crate::engine::dedupe::EXACT_SEARCH_MESSAGES);
 const MAX_CONTENT_CHARS: usize = 8000;
 const MAX_ID_CHARS: usize = 128;
 const BUDGET_CHARS: (u64, u64) = (100, 400_000);

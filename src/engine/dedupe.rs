@@ -17,21 +17,50 @@ use super::score::Scores;
 use super::text::MarkedSet;
 use super::{round_to, DedupeRule, DedupeStage, Duplicate, Policy, Role, Working, DEDUPE_METHOD};
 
-/// Candidate entries the stage may visit in one run. A conversation the
-/// memory-compact API accepts (at most 200 messages of 8,000 chars) stays
-/// below it whatever its words, so that API always gets the spec's exact
-/// answer. Only a far larger conversation whose messages all share their
-/// words (tens of thousands of near-identical lines, which a client could
-/// send to burn CPU) reaches it; the stage then stops looking for further
-/// duplicates, and trim and drop meet the budget as usual.
-pub const MAX_CANDIDATE_VISITS: usize = 100_000_000;
+/// Conversations of up to this many messages (all that the memory-compact
+/// API accepts) get the exhaustive search, whatever their words: each
+/// message's candidates are at most its prefix times the earlier messages,
+/// which stays in the tens of millions.
+pub const EXACT_SEARCH_MESSAGES: usize = 200;
+
+/// Past [`EXACT_SEARCH_MESSAGES`], the candidate entries one run may visit
+/// per entry of the messages' word sets, so the search costs at most a
+/// constant times the input's words. Only tens of thousands of messages
+/// that all share their few words (which a client could send to burn CPU:
+/// a search quadratic in the messages) reach it; the stage then stops
+/// looking for further duplicates, and trim and drop meet the budget as
+/// usual.
+pub const CANDIDATE_VISITS_PER_WORD: usize = 16;
+
+/// The least bound: a conversation of a few hundred messages is searched
+/// in full however repetitive its words.
+pub const MIN_CANDIDATE_VISITS: usize = 1 << 20;
+
+/// How many candidate entries a run over `messages` messages whose word
+/// sets hold `words` entries in all may visit.
+pub fn candidate_visit_limit(messages: usize, words: usize) -> usize {
+    if messages <= EXACT_SEARCH_MESSAGES {
+        usize::MAX
+    } else {
+        words
+            .saturating_mul(CANDIDATE_VISITS_PER_WORD)
+            .max(MIN_CANDIDATE_VISITS)
+    }
+}
 
 pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> DedupeStage {
+    search(work, scores, policy).0
+}
+
+/// The stage, and how many candidate entries it visited.
+fn search(work: &mut Working, scores: &Scores, policy: &Policy) -> (DedupeStage, usize) {
     let threshold = policy.duplicate_threshold.max(f64::MIN_POSITIVE);
     let mut removed = Vec::new();
     let mut visits = 0usize;
     if !work.fits() {
         let index = PrefixIndex::new(scores, threshold);
+        let words = scores.word_sets.iter().map(Vec::len).sum();
+        let limit = candidate_visit_limit(work.messages.len(), words);
         let mut seen = Postings::with_capacity(index.len());
         let mut candidates = Vec::new();
         let mut marked = MarkedSet::new();
@@ -52,7 +81,7 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
                     candidates.extend(seen.messages((message.role, token)));
                 }
                 visits += candidates.len();
-                if visits > MAX_CANDIDATE_VISITS {
+                if visits > limit {
                     break;
                 }
                 candidates.sort_unstable();
@@ -79,7 +108,7 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
             }
         }
     }
-    DedupeStage {
+    let stage = DedupeStage {
         stage: "dedupe",
         order: 2,
         removed_messages: removed.len(),
@@ -88,7 +117,8 @@ pub(super) fn run(work: &mut Working, scores: &Scores, policy: &Policy) -> Dedup
             duplicate_threshold: policy.duplicate_threshold,
             method: DEDUPE_METHOD,
         },
-    }
+    };
+    (stage, visits)
 }
 
 /// The earlier messages that hold each (role, prefix token), as linked
@@ -204,8 +234,9 @@ fn ranks_by_rarity(document_frequency: &[u32]) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{prefix_len, ranks_by_rarity, MAX_CANDIDATE_VISITS};
-    use crate::engine::{compact, Message, Policy, Role};
+    use super::{candidate_visit_limit, prefix_len, ranks_by_rarity, EXACT_SEARCH_MESSAGES};
+    use super::{search, Scores};
+    use crate::engine::{compact, Message, Policy, Role, Working};
 
     #[test]
     fn a_message_exactly_at_the_threshold_is_a_duplicate() {
@@ -246,13 +277,54 @@ mod tests {
     }
 
     #[test]
-    fn the_visit_cap_is_out_of_reach_for_api_sized_conversations() {
-        // 200 messages, each of at most 8,000 chars so at most 4,000 distinct
-        // words; threshold 0.5 gives the longest prefixes. Each message's
-        // candidates are at most (its prefix) x (the earlier messages).
+    fn a_narrow_vocabulary_cannot_buy_a_quadratic_search() {
+        // 20,000 messages of 8 to 13 words drawn from 30: every earlier
+        // message of the same role is a candidate, so the exhaustive search
+        // would visit about n^2 / 2 = 2 * 10^8 candidates.
+        let vocabulary: Vec<String> = (0..30).map(|i| format!("word{i}")).collect();
+        let mut state = 7u64;
+        let mut next = |n: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((state >> 33) % n) as usize
+        };
+        let messages: Vec<Message> = (0..20_000)
+            .map(|i| {
+                let len = 8 + next(6);
+                let text: Vec<&str> = (0..len).map(|_| vocabulary[next(30)].as_str()).collect();
+                let role = if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                };
+                Message::new(role, text.join(" "))
+            })
+            .collect();
+        let scores = Scores::new(&messages);
+        let words: usize = scores.word_sets.iter().map(Vec::len).sum();
+        let limit = candidate_visit_limit(messages.len(), words);
+        assert!(limit <= 16 * 13 * 20_000, "linear in the words: {limit}");
+        let policy = Policy::with_budget(100_000);
+        let mut work = Working::new(&messages, policy.budget_chars);
+        let (_, visits) = search(&mut work, &scores, &policy);
+        // Stopped at the limit, past it by at most one message's candidates
+        // (at most its prefix, 3 tokens here, times the earlier messages).
+        assert!(visits > limit, "the search reached the limit: {visits}");
+        assert!(visits <= limit + 3 * 20_000, "{visits} > {limit}");
+        // The whole engine still meets the budget, through drop.
+        let report = compact(&messages, &policy);
+        assert!(report.loss.output_chars <= 100_000);
+    }
+
+    #[test]
+    fn api_sized_conversations_get_the_exhaustive_search() {
+        assert_eq!(candidate_visit_limit(EXACT_SEARCH_MESSAGES, 1), usize::MAX);
+        assert!(candidate_visit_limit(EXACT_SEARCH_MESSAGES + 1, 1) < usize::MAX);
+        // Each message of the API holds at most 8,000 chars, so at most
+        // 4,000 distinct words; threshold 0.5 gives the longest prefixes:
+        // the exhaustive search stays bounded.
         let longest_prefix = prefix_len(4000, 0.5);
-        let worst: usize = (0..200).map(|j| longest_prefix * j).sum();
-        assert!(worst < MAX_CANDIDATE_VISITS, "{worst}");
+        let worst: usize = (0..EXACT_SEARCH_MESSAGES).map(|j| longest_prefix * j).sum();
+        assert!(worst < 50_000_000, "{worst}");
     }
 
     #[test]

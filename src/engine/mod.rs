@@ -6,10 +6,12 @@
 //! [`drop`]. Every stage stops as soon as the total fits the budget, so a
 //! conversation that already fits comes back untouched.
 //!
-//! Dedupe visits at most [`dedupe::MAX_CANDIDATE_VISITS`] candidates per
-//! run, far above what any conversation the memory-compact API accepts can
-//! need, so only a hostile or absurd input (tens of thousands of messages
-//! sharing their words) gets a bounded, not exhaustive, duplicate search.
+//! Dedupe searches exhaustively up to [`dedupe::EXACT_SEARCH_MESSAGES`]
+//! messages (all the memory-compact API accepts); past it, its candidate
+//! visits are bounded linearly in the input's words
+//! ([`dedupe::candidate_visit_limit`]), so only a hostile or absurd input
+//! (tens of thousands of messages sharing their words) gets a bounded, not
+//! exhaustive, duplicate search.
 //!
 //! Two extensions serve the proxy and leave the spec's results unchanged for
 //! plain text conversations (both are zero/`None` there):
