@@ -187,7 +187,10 @@ pub async fn serve_on(
 }
 
 /// Serves one client connection until it ends, closing it gracefully when
-/// the proxy stops or it has been idle for `keep_alive`.
+/// the proxy stops or it has been idle for `keep_alive`. A connection still
+/// open and idle `keep_alive` after that is dropped: an HTTP/2 client that
+/// never acknowledges the closing GOAWAY's PING would otherwise hold it
+/// (and its place under `max_connections`) for ever.
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
@@ -224,6 +227,10 @@ async fn serve_connection(
             () = activity.idle_for(keep_alive), if !asked_to_close => {
                 connection.as_mut().graceful_shutdown();
                 asked_to_close = true;
+            }
+            () = activity.idle_for(keep_alive * 2), if asked_to_close => {
+                tracing::debug!(%peer, "dropping a connection that did not close when asked");
+                return;
             }
         }
     }

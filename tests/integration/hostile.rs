@@ -200,6 +200,29 @@ async fn an_idle_keep_alive_connection_is_closed_but_a_slow_answer_is_not() {
 }
 
 #[tokio::test]
+async fn an_idle_http2_client_that_never_acknowledges_the_close_is_dropped() {
+    let upstream = MockUpstream::start(Behavior::Json(200, serde_json::json!({}))).await;
+    let proxy = TestProxy::start(
+        "[server]\nkeep_alive_timeout_secs = 0.3\nheader_read_timeout_secs = 30",
+        &upstream.url(),
+    )
+    .await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    // HTTP/2 with prior knowledge: the preface and an empty SETTINGS frame,
+    // then nothing: no SETTINGS ack and no answer to the GOAWAY's PING.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let (got, closed) = read_until(&mut stream, Duration::from_secs(10), |_| false).await;
+    assert!(
+        closed,
+        "still open 10 s after a 0.3 s keep-alive timeout ({} bytes read)",
+        got.len()
+    );
+}
+
+#[tokio::test]
 async fn connections_past_the_cap_wait_until_one_closes() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
     let proxy = TestProxy::start(
