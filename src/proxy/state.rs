@@ -39,6 +39,9 @@ impl AppState {
     pub fn new(runtime: Runtime) -> Arc<Self> {
         let upstream = Upstream::new(
             runtime.timeouts.connect,
+            // Past the request's own deadline, so its client gets the 504
+            // first; the stalled socket is closed afterwards.
+            runtime.timeouts.response_header * 2,
             &runtime.upstream_roots,
             super::workers::count_for(runtime.config.server.workers),
         );

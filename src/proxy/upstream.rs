@@ -1,6 +1,9 @@
 //! The upstream client: hyper-util's pooled client over rustls (HTTP/1.1,
 //! and HTTP/2 where the upstream offers it by ALPN), with a deadline for
-//! the response headers only: streamed bodies have no total limit.
+//! the response headers only: streamed bodies have no total limit. A socket
+//! whose writes stall for twice that deadline is closed: hyper would wait
+//! for ever to flush a request body to an upstream that stopped reading it,
+//! holding the client's connection and the upstream's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +12,7 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
+use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -17,7 +21,7 @@ use rustls_pki_types::CertificateDer;
 use super::body::ProxyBody;
 use crate::error::ProxyError;
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+type HttpsClient = Client<HttpsConnector<TimeoutConnector<HttpConnector>>, ProxyBody>;
 
 /// One pooled client per worker ([`super::workers`]): a pooled upstream
 /// connection is driven by the runtime that opened it, so a request on
@@ -35,16 +39,20 @@ struct Clients {
 
 impl Upstream {
     /// Clients for `workers` workers, trusting the bundled public roots plus
-    /// `extra_roots`.
+    /// `extra_roots`; a socket whose writes stall for `write_stall` is
+    /// closed.
     pub fn new(
         connect_timeout: Duration,
+        write_stall: Duration,
         extra_roots: &[CertificateDer<'static>],
         workers: usize,
     ) -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(connect_timeout));
+        let mut http = TimeoutConnector::new(tcp);
+        http.set_write_timeout(Some(write_stall));
         let mut roots = rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         };

@@ -200,6 +200,60 @@ async fn an_idle_keep_alive_connection_is_closed_but_a_slow_answer_is_not() {
 }
 
 #[tokio::test]
+async fn an_upstream_that_stops_reading_a_body_does_not_hold_the_client_after_the_504() {
+    // An upstream that accepts and never reads, with a small receive
+    // buffer: a large streamed body stops moving almost at once.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let deaf = socket.listen(16).unwrap();
+    let upstream_url = format!("http://{}", deaf.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = deaf.accept().await {
+            held.push(stream);
+        }
+    });
+    let proxy = TestProxy::start(
+        "[upstream]\nresponse_header_timeout_secs = 1",
+        &upstream_url,
+    )
+    .await;
+    let (mut from_proxy, mut to_proxy) = TcpStream::connect(proxy.addr).await.unwrap().into_split();
+    // An unmatched route: the body is streamed to the upstream as it comes.
+    let sending = tokio::spawn(async move {
+        let size = 64 << 20;
+        let head = format!("POST /v1/other HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n");
+        to_proxy.write_all(head.as_bytes()).await?;
+        let chunk = vec![b'x'; 64 << 10];
+        for _ in 0..size / chunk.len() {
+            to_proxy.write_all(&chunk).await?;
+        }
+        std::io::Result::Ok(())
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    let closed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match from_proxy.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    assert_eq!(status_of(&got), 504, "{}", String::from_utf8_lossy(&got));
+    assert!(
+        closed,
+        "the client's connection is still held 20 s after its 504: {}",
+        String::from_utf8_lossy(&got)
+    );
+    sending.abort();
+    held.abort();
+}
+
+#[tokio::test]
 async fn an_idle_http2_client_that_never_acknowledges_the_close_is_dropped() {
     let upstream = MockUpstream::start(Behavior::Json(200, serde_json::json!({}))).await;
     let proxy = TestProxy::start(
