@@ -441,8 +441,25 @@ pub fn reload(
             tracing::warn!(key, "changed; it takes effect on restart only");
         }
     }
-    // The values in force stay visible as they are (check-config, logs).
+    // Restart-only settings stay as they are in force: what check-config
+    // and the logs show, and what the next reload is compared with, is
+    // what runs.
+    runtime.listen = current.listen;
     runtime.upstream = current.upstream.clone();
-    runtime.config.upstream.url = current.config.upstream.url.clone();
+    runtime.upstream_roots = current.upstream_roots.clone();
+    runtime.timeouts.connect = current.timeouts.connect;
+    runtime.timeouts.header_read = current.timeouts.header_read;
+    runtime.timeouts.keep_alive = current.timeouts.keep_alive;
+    let (new, old) = (&mut runtime.config, &current.config);
+    new.server.listen = old.server.listen.clone();
+    new.server.log_format = old.server.log_format;
+    new.server.header_read_timeout_secs = old.server.header_read_timeout_secs;
+    new.server.keep_alive_timeout_secs = old.server.keep_alive_timeout_secs;
+    new.server.max_connections = old.server.max_connections;
+    new.server.workers = old.server.workers;
+    new.upstream.url = old.upstream.url.clone();
+    new.upstream.connect_timeout_secs = old.upstream.connect_timeout_secs;
+    new.upstream.ca_file = old.upstream.ca_file.clone();
+    new.cache.max_bytes = old.cache.max_bytes;
     Ok(runtime)
 }

@@ -3,6 +3,7 @@
 //! a broken file, and requests a reverse proxy must not pass on. Each test
 //! is the regression test of one finding of a hostile-input run.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -251,6 +252,65 @@ async fn an_upstream_that_stops_reading_a_body_does_not_hold_the_client_after_th
     );
     sending.abort();
     held.abort();
+}
+
+/// 20,000 messages of 8 to 13 words drawn from 30 (about 1.8 MB): every
+/// earlier message of the same role shares the words dedupe searches on.
+fn narrow_vocabulary_body(seed: u64) -> String {
+    let vocabulary: Vec<String> = (0..30).map(|i| format!("term{i}")).collect();
+    let mut state = seed;
+    let mut next = |n: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) % n) as usize
+    };
+    let messages: Vec<Value> = (0..20_000)
+        .map(|i| {
+            let words: Vec<&str> = (0..8 + next(6))
+                .map(|_| vocabulary[next(30)].as_str())
+                .collect();
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            json!({"role": role, "content": words.join(" ")})
+        })
+        .collect();
+    json!({"model": "m", "messages": messages}).to_string()
+}
+
+#[tokio::test]
+async fn narrow_vocabulary_bodies_are_compacted_and_a_small_request_beside_them_is_not_queued() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy =
+        TestProxy::start("[policies.default]\nbudget_chars = 100000", &upstream.url()).await;
+    let url = proxy.url("/v1/chat/completions");
+    let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut large = Vec::new();
+    for seed in 0..4 {
+        let (url, finished) = (url.clone(), finished.clone());
+        let body = narrow_vocabulary_body(seed);
+        large.push(tokio::spawn(async move {
+            let answer = send(post_json(&url, body)).await;
+            finished.lock().unwrap().push("large");
+            answer
+        }));
+    }
+    // The small request comes while the large ones are being compacted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let small = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let answer = send(post_json(&url, small.to_string())).await;
+    finished.lock().unwrap().push("small");
+    assert_eq!(answer.status, 200);
+    for handle in large {
+        let answer = handle.await.unwrap();
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+        assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
+    }
+    assert_eq!(
+        finished.lock().unwrap()[0],
+        "small",
+        "a request needing no compaction waited for the large ones"
+    );
 }
 
 #[tokio::test]
@@ -563,6 +623,26 @@ async fn a_reload_refuses_an_empty_file_and_never_moves_the_upstream() {
         "the upstream changes on restart only"
     );
     assert_eq!(reloaded.config.upstream.url, current.config.upstream.url);
+
+    // Every restart-only setting stays as it runs, so the next reload of
+    // the original file finds nothing changed.
+    std::fs::write(
+        &path,
+        "[server]\nlisten = \"127.0.0.1:1\"\nmax_connections = 7\nworkers = 3\nkeep_alive_timeout_secs = 1\n[cache]\nmax_bytes = 5\n",
+    )
+    .unwrap();
+    let reloaded = cli::reload(&current, Some(&path), &overrides).expect("a valid file loads");
+    assert_eq!(reloaded.listen, current.listen);
+    assert_eq!(reloaded.timeouts.keep_alive, current.timeouts.keep_alive);
+    let (new, old) = (&reloaded.config, &current.config);
+    assert_eq!(new.server.listen, old.server.listen);
+    assert_eq!(new.server.max_connections, old.server.max_connections);
+    assert_eq!(new.server.workers, old.server.workers);
+    assert_eq!(
+        new.server.keep_alive_timeout_secs,
+        old.server.keep_alive_timeout_secs
+    );
+    assert_eq!(new.cache.max_bytes, old.cache.max_bytes);
 }
 
 #[tokio::test]
