@@ -243,6 +243,9 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
         }
     };
     init_logging(runtime.config.server.log_format);
+    if let Err(e) = proxy::server::raise_descriptor_limit(runtime.config.server.max_connections) {
+        tracing::warn!(error = %e, "cannot read or raise the descriptor limit");
+    }
     // This runtime accepts, reloads and handles signals; connections are
     // served on the per-core workers.
     let tokio = tokio::runtime::Builder::new_current_thread()

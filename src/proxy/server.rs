@@ -88,6 +88,32 @@ pub async fn serve(
     serve_on(listener, state, shutdown, &Workers::Current).await
 }
 
+/// Descriptors a served connection may hold: the client's socket and,
+/// while it forwards, a pooled upstream socket.
+const DESCRIPTORS_PER_CONNECTION: u64 = 2;
+/// Descriptors for everything else: listener, runtimes, files, spares.
+const SPARE_DESCRIPTORS: u64 = 64;
+
+/// Raises this process's soft descriptor limit (up to its hard limit) to
+/// what `max_connections` connections need; returns the limit in force.
+/// Many systems start a process at 1,024, which the default cap of 1,024
+/// connections would exhaust at about 500.
+pub fn raise_descriptor_limit(max_connections: usize) -> std::io::Result<u64> {
+    let needed = (max_connections as u64)
+        .saturating_mul(DESCRIPTORS_PER_CONNECTION)
+        .saturating_add(SPARE_DESCRIPTORS);
+    let limit = rlimit::increase_nofile_limit(needed)?;
+    if limit < needed {
+        tracing::warn!(
+            max_connections,
+            descriptors = limit,
+            "the descriptor limit is below what max_connections needs ({needed}): past about {} connections, new ones wait until descriptors free up",
+            limit.saturating_sub(SPARE_DESCRIPTORS) / DESCRIPTORS_PER_CONNECTION
+        );
+    }
+    Ok(limit)
+}
+
 /// [`serve`], with each connection served on one of `workers`.
 pub async fn serve_on(
     listener: TcpListener,
@@ -304,6 +330,18 @@ impl Drop for Busy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_descriptor_limit_is_raised_to_what_the_connections_need() {
+        let (_, hard) = rlimit::Resource::NOFILE.get().unwrap();
+        let needed = 300 * DESCRIPTORS_PER_CONNECTION + SPARE_DESCRIPTORS;
+        // Start below the need (still ample for the tests running beside).
+        rlimit::Resource::NOFILE.set(needed / 2, hard).unwrap();
+        let limit = raise_descriptor_limit(300).unwrap();
+        assert!(limit >= needed.min(hard), "{limit} < {needed}");
+        let (soft, _) = rlimit::Resource::NOFILE.get().unwrap();
+        assert_eq!(soft, limit, "the limit returned is the one in force");
+    }
 
     fn request(method: &str, target: &str, te: Option<&str>) -> Request<()> {
         let mut builder = Request::builder().method(method).uri(target);
