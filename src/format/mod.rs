@@ -358,6 +358,50 @@ mod limit_tests {
     }
 
     #[test]
+    fn the_responses_input_is_found_in_the_body_list_or_string() {
+        let item = r#"{"role":"user","content":"hi"}"#;
+        for (body, input) in [
+            (
+                r#"{"model":"m", "input" : [ ] }"#.to_owned(),
+                "[ ]".to_owned(),
+            ),
+            (
+                format!("{{\"input\":\n[ {item},\t{item} ]\n, \"instructions\": \"s\"}}"),
+                format!("[ {item},\t{item} ]"),
+            ),
+            (
+                r#"{"input" : "one \"quoted\" prompt", "model":"m"}"#.to_owned(),
+                r#""one \"quoted\" prompt""#.to_owned(),
+            ),
+            (r#"{"input":"plain"}"#.to_owned(), r#""plain""#.to_owned()),
+        ] {
+            let parsed = Format::Responses
+                .parse(body.as_bytes(), usize::MAX)
+                .unwrap();
+            assert_eq!(&body[parsed.array_span.clone()], input, "{body}");
+        }
+        // A string counts whole, as the text the model reads.
+        let parsed = Format::Responses
+            .parse(br#"{"input":"a \u00e9 b","instructions":"xy"}"#, usize::MAX)
+            .unwrap();
+        assert_eq!(parsed.conversation.outside_chars, 5 + 2);
+        for not_an_input in [
+            r#"{"input": {}}"#,
+            r#"{"input": 5}"#,
+            r#"{"input": null}"#,
+            r#"{"model": "m"}"#,
+        ] {
+            assert_eq!(
+                Format::Responses
+                    .parse(not_an_input.as_bytes(), usize::MAX)
+                    .unwrap_err(),
+                Skip::NoMessages,
+                "{not_an_input}"
+            );
+        }
+    }
+
+    #[test]
     fn request_limits_read_the_model_and_the_largest_output_limit() {
         let limits = |body: &str, format: Format| {
             format

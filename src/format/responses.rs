@@ -23,8 +23,8 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::splice::{elements, span, string_at, ArgumentsForm, WireItem};
-use super::{top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
+use super::splice::{span, string_at, ArgumentsForm, WireItem};
+use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
 
@@ -33,11 +33,52 @@ const MEDIA_PARTS: [&str; 3] = ["input_image", "input_file", "input_audio"];
 #[derive(Deserialize)]
 struct TopFields<'a> {
     #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
+    input: Option<Input<'a>>,
     #[serde(borrow, default)]
     instructions: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     previous_response_id: Option<&'a RawValue>,
+}
+
+/// `input`: one string (nothing to compact) or the item list, whose items
+/// are found in the body's own pass, as chat's messages are. Any other
+/// value fails the top level's read: not a Responses request.
+enum Input<'a> {
+    Text(Cow<'a, str>),
+    Items(Vec<&'a RawValue>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Input<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of items")
+            }
+
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(Input::Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(Input::Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(Input::Items(items))
+            }
+        }
+        deserializer.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -86,19 +127,21 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
         outside_chars: top.instructions.as_deref().map_or(0, char_count),
         ..Conversation::default()
     };
-    if input.get().starts_with('"') {
-        // A single string: nothing to compact, all of it counts.
-        let text: Cow<str> = serde_json::from_str(input.get()).map_err(|_| Skip::InvalidJson)?;
-        conversation.outside_chars += char_count(&text);
-        return Ok(Parsed {
-            format: Format::Responses,
-            conversation,
-            body,
-            array_span: span(body, input.get()),
-            wire: Vec::new(),
-        });
-    }
-    let items = elements(input.get()).ok_or(Skip::NoMessages)?;
+    let items = match input {
+        Input::Text(text) => {
+            // A single string: nothing to compact, all of it counts.
+            conversation.outside_chars += char_count(&text);
+            return Ok(Parsed {
+                format: Format::Responses,
+                conversation,
+                body,
+                array_span: top_array_span(body, "input", &[])?,
+                wire: Vec::new(),
+            });
+        }
+        Input::Items(items) => items,
+    };
+    let array_span = top_array_span(body, "input", &items)?;
     if items.len() > max_items {
         return Err(Skip::TooManyMessages(items.len(), max_items));
     }
@@ -219,7 +262,7 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
         format: Format::Responses,
         conversation,
         body,
-        array_span: span(body, input.get()),
+        array_span,
         wire,
     })
 }
