@@ -382,6 +382,20 @@ async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Ove
     }
 }
 
+/// Keeps a restart-only setting as it runs, noting `key` when the file
+/// changed it.
+fn keep<T: PartialEq + Clone>(
+    key: &'static str,
+    new: &mut T,
+    old: &T,
+    changed: &mut Vec<&'static str>,
+) {
+    if new != old {
+        changed.push(key);
+        new.clone_from(old);
+    }
+}
+
 /// The configuration a reload puts in force after `current`: the file
 /// read once, refused when blank (a truncated file would otherwise reload
 /// the embedded defaults, upstream included), and with every restart-only
@@ -405,64 +419,82 @@ pub fn reload(
         }
     }
     let mut runtime = Runtime::load_text(text.as_deref(), std::env::vars(), overrides)?;
-    let (new, old) = (&runtime.config, &current.config);
-    let restart_only = [
-        ("server.listen", runtime.listen != current.listen),
-        ("upstream.url", runtime.upstream != current.upstream),
-        (
-            "upstream.connect_timeout_secs",
-            new.upstream.connect_timeout_secs != old.upstream.connect_timeout_secs,
-        ),
-        (
-            "upstream.ca_file",
-            new.upstream.ca_file != old.upstream.ca_file,
-        ),
-        (
-            "cache.max_bytes",
-            new.cache.max_bytes != old.cache.max_bytes,
-        ),
-        (
-            "server.log_format",
-            new.server.log_format != old.server.log_format,
-        ),
-        (
-            "server.header_read_timeout_secs",
-            new.server.header_read_timeout_secs != old.server.header_read_timeout_secs,
-        ),
-        (
-            "server.keep_alive_timeout_secs",
-            new.server.keep_alive_timeout_secs != old.server.keep_alive_timeout_secs,
-        ),
-        (
-            "server.max_connections",
-            new.server.max_connections != old.server.max_connections,
-        ),
-        ("server.workers", new.server.workers != old.server.workers),
-    ];
-    for (key, changed) in restart_only {
-        if changed {
-            tracing::warn!(key, "changed; it takes effect on restart only");
-        }
+    // Restart-only settings stay as they are in force, each change logged:
+    // what check-config and the logs show, and what the next reload is
+    // compared with, is what runs.
+    let mut changed = Vec::new();
+    keep(
+        "server.listen",
+        &mut runtime.listen,
+        &current.listen,
+        &mut changed,
+    );
+    keep(
+        "upstream.url",
+        &mut runtime.upstream,
+        &current.upstream,
+        &mut changed,
+    );
+    let (new, old) = (&mut runtime.config, &current.config);
+    let (server, upstream) = (&mut new.server, &mut new.upstream);
+    let c = &mut changed;
+    keep(
+        "upstream.connect_timeout_secs",
+        &mut upstream.connect_timeout_secs,
+        &old.upstream.connect_timeout_secs,
+        c,
+    );
+    keep(
+        "upstream.ca_file",
+        &mut upstream.ca_file,
+        &old.upstream.ca_file,
+        c,
+    );
+    keep(
+        "cache.max_bytes",
+        &mut new.cache.max_bytes,
+        &old.cache.max_bytes,
+        c,
+    );
+    keep(
+        "server.log_format",
+        &mut server.log_format,
+        &old.server.log_format,
+        c,
+    );
+    keep(
+        "server.header_read_timeout_secs",
+        &mut server.header_read_timeout_secs,
+        &old.server.header_read_timeout_secs,
+        c,
+    );
+    keep(
+        "server.keep_alive_timeout_secs",
+        &mut server.keep_alive_timeout_secs,
+        &old.server.keep_alive_timeout_secs,
+        c,
+    );
+    keep(
+        "server.max_connections",
+        &mut server.max_connections,
+        &old.server.max_connections,
+        c,
+    );
+    keep(
+        "server.workers",
+        &mut server.workers,
+        &old.server.workers,
+        c,
+    );
+    for key in changed {
+        tracing::warn!(key, "changed; it takes effect on restart only");
     }
-    // Restart-only settings stay as they are in force: what check-config
-    // and the logs show, and what the next reload is compared with, is
-    // what runs.
-    runtime.listen = current.listen;
-    runtime.upstream = current.upstream.clone();
-    runtime.upstream_roots = current.upstream_roots.clone();
+    // What the kept settings are read from and compiled into.
+    new.server.listen.clone_from(&old.server.listen);
+    new.upstream.url.clone_from(&old.upstream.url);
+    runtime.upstream_roots.clone_from(&current.upstream_roots);
     runtime.timeouts.connect = current.timeouts.connect;
     runtime.timeouts.header_read = current.timeouts.header_read;
     runtime.timeouts.keep_alive = current.timeouts.keep_alive;
-    let (new, old) = (&mut runtime.config, &current.config);
-    new.server.listen = old.server.listen.clone();
-    new.server.log_format = old.server.log_format;
-    new.server.header_read_timeout_secs = old.server.header_read_timeout_secs;
-    new.server.keep_alive_timeout_secs = old.server.keep_alive_timeout_secs;
-    new.server.max_connections = old.server.max_connections;
-    new.server.workers = old.server.workers;
-    new.upstream.url = old.upstream.url.clone();
-    new.upstream.connect_timeout_secs = old.upstream.connect_timeout_secs;
-    new.upstream.ca_file = old.upstream.ca_file.clone();
-    new.cache.max_bytes = old.cache.max_bytes;
     Ok(runtime)
 }
