@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::stream_end::StreamEnd;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
 
+use super::stream_end::StreamEnd;
 use crate::error::ProxyError;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -59,11 +59,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     } else {
         Vec::new()
     };
-    let listed = HOP_BY_HOP
+    let present_names = HOP_BY_HOP
         .iter()
         .enumerate()
-        .filter(|(i, _)| present & 1 << i != 0);
-    for name in listed.map(|(_, name)| name).chain(&named) {
+        .filter(|(i, _)| present & 1 << i != 0)
+        .map(|(_, name)| name);
+    for name in present_names.chain(&named) {
         headers.remove(name);
     }
 }
