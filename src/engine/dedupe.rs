@@ -161,33 +161,61 @@ impl Postings {
 
 /// Each message's prefix tokens under one global token order (rarest
 /// first, so prefixes are selective). Tokens are stored as their rank in
-/// that order; a prefix is used as a set, so it is selected, not sorted.
+/// that order.
 struct PrefixIndex {
     prefixes: Vec<Vec<u32>>,
 }
 
 impl PrefixIndex {
+    /// Lists the messages holding each token by the token's rank (a
+    /// counting sort), then walks the ranks from the rarest: each message
+    /// takes the tokens it meets until its prefix is full. That is one pass
+    /// over the entries, where a selection per message costs several.
     fn new(scores: &Scores, threshold: f64) -> Self {
+        let sets = &scores.word_sets;
         let mut document_frequency = vec![0u32; scores.vocabulary_len()];
-        for set in &scores.word_sets {
+        for set in sets {
             for &id in set {
                 document_frequency[id as usize] += 1;
             }
         }
         let rank = ranks_by_rarity(&document_frequency);
-        let prefixes = scores
-            .word_sets
+        // Where each rank's holders start in `holders`.
+        let mut starts = vec![0u32; rank.len() + 1];
+        for (id, &df) in document_frequency.iter().enumerate() {
+            starts[rank[id] as usize + 1] = df;
+        }
+        for r in 1..starts.len() {
+            starts[r] += starts[r - 1];
+        }
+        let mut fill = starts.clone();
+        let mut holders = vec![0u32; starts[rank.len()] as usize];
+        for (message, set) in sets.iter().enumerate() {
+            for &id in set {
+                let at = &mut fill[rank[id as usize] as usize];
+                holders[*at as usize] = message as u32;
+                *at += 1;
+            }
+        }
+        let wanted: Vec<usize> = sets
             .iter()
-            .map(|set| {
-                let mut ranks: Vec<u32> = set.iter().map(|&id| rank[id as usize]).collect();
-                let len = prefix_len(set.len(), threshold);
-                if len > 0 && len < ranks.len() {
-                    ranks.select_nth_unstable(len - 1);
-                }
-                ranks.truncate(len);
-                ranks
-            })
+            .map(|set| prefix_len(set.len(), threshold))
             .collect();
+        let mut prefixes: Vec<Vec<u32>> =
+            wanted.iter().map(|&len| Vec::with_capacity(len)).collect();
+        let mut unfilled = wanted.iter().filter(|&&len| len > 0).count();
+        for (r, span) in starts.windows(2).enumerate() {
+            if unfilled == 0 {
+                break;
+            }
+            for &message in &holders[span[0] as usize..span[1] as usize] {
+                let prefix = &mut prefixes[message as usize];
+                if prefix.len() < wanted[message as usize] {
+                    prefix.push(r as u32);
+                    unfilled -= usize::from(prefix.len() == wanted[message as usize]);
+                }
+            }
+        }
         PrefixIndex { prefixes }
     }
 
