@@ -9,7 +9,7 @@ use std::hash::Hasher;
 use std::ops::Range;
 
 use hashbrown::HashTable;
-use rustc_hash::{FxHashMap, FxHasher};
+use rustc_hash::FxHasher;
 
 /// Number of Unicode scalar values in `text`.
 pub fn char_count(text: &str) -> usize {
@@ -41,7 +41,7 @@ pub struct Vocabulary {
     /// Words of up to [`SHORT_WORD_BYTES`] bytes (nearly all words), by
     /// their bytes packed in a u128: alphanumeric text has no NUL, so the
     /// zero padding is unambiguous and a lookup is one integer compare.
-    short: FxHashMap<u128, u32>,
+    short: HashTable<(u128, u32)>,
     /// Longer words, by the hash of their text.
     table: HashTable<u32>,
     /// Every word, end to end.
@@ -50,6 +50,14 @@ pub struct Vocabulary {
     spans: Vec<(u32, u32)>,
     /// Chars of each word, cached because topic terms filter on it.
     word_chars: Vec<u32>,
+}
+
+/// The hash of a short word's key: computed once per word, for the lookup
+/// and, when the word is new, for its insert.
+fn hash_key(key: u128) -> u64 {
+    let mut hasher = FxHasher::default();
+    hasher.write_u128(key);
+    hasher.finish()
 }
 
 fn hash_word(word: &str) -> u64 {
@@ -63,7 +71,7 @@ impl Vocabulary {
     /// run over a long history does not rehash its table again and again.
     pub fn with_capacity(words: usize) -> Self {
         Vocabulary {
-            short: FxHashMap::with_capacity_and_hasher(words, Default::default()),
+            short: HashTable::with_capacity(words),
             table: HashTable::new(),
             text: String::with_capacity(words * 8),
             spans: Vec::with_capacity(words),
@@ -100,10 +108,11 @@ impl Vocabulary {
     /// `text[at]` lowercased (`text[at]` may still have ASCII capitals).
     #[inline]
     fn intern_short(&mut self, key: u128, text: &str, at: Range<usize>) -> u32 {
-        match self.short.get(&key) {
-            Some(&id) => id,
+        let hash = hash_key(key);
+        match self.short.find(hash, |&(k, _)| k == key) {
+            Some(&(_, id)) => id,
             // Cut only here: slicing a str checks char boundaries.
-            None => self.insert_short(key, &text[at]),
+            None => self.insert_short(key, hash, &text[at]),
         }
     }
 
@@ -111,12 +120,13 @@ impl Vocabulary {
     /// the lookup above is inlined into the scan.
     #[cold]
     #[inline(never)]
-    fn insert_short(&mut self, key: u128, word: &str) -> u32 {
+    fn insert_short(&mut self, key: u128, hash: u64, word: &str) -> u32 {
         let start = self.text.len();
         self.text.push_str(word);
         self.text[start..].make_ascii_lowercase();
         let id = self.push_span(start, char_count(word));
-        self.short.insert(key, id);
+        self.short
+            .insert_unique(hash, (key, id), |&(k, _)| hash_key(k));
         id
     }
 
@@ -199,11 +209,10 @@ impl Vocabulary {
                         .count();
                 }
                 let id = if len <= SHORT_WORD_BYTES {
-                    let window = u128::from(eight_at(bytes, start))
-                        | u128::from(eight_at(bytes, start + 8)) << 64;
+                    let window = sixteen_at(bytes, start);
                     // `| 0x20` lowercases a letter and keeps a digit; the
                     // mask keeps the word's own bytes (len >= 1 here).
-                    let keep = u128::MAX >> (128 - 8 * len);
+                    let keep = KEEP_BYTES[len];
                     self.intern_short((window | LOWERCASE_BITS) & keep, text, start..start + len)
                 } else {
                     long.clear();
@@ -319,6 +328,15 @@ fn eight_at(bytes: &[u8], at: usize) -> u64 {
     }
 }
 
+/// The sixteen bytes of `bytes` from `at`, little-endian, zeros past the end.
+#[inline]
+fn sixteen_at(bytes: &[u8], at: usize) -> u128 {
+    match bytes.get(at..at + 16) {
+        Some(sixteen) => u128::from_le_bytes(sixteen.try_into().unwrap_or_default()),
+        None => u128::from(eight_at(bytes, at)) | u128::from(eight_at(bytes, at + 8)) << 64,
+    }
+}
+
 /// One bit per byte of the 64 from `at` (bit i for byte `at + i`), set
 /// for an ASCII letter or digit; clear past the end. `bytes` must be ASCII.
 #[inline]
@@ -366,6 +384,18 @@ pub(super) const fn ascii_alphanumeric(v: u64) -> u64 {
 
 /// `| 0x20` on each of sixteen bytes.
 const LOWERCASE_BITS: u128 = (ONES as u128 * 0x20) * (1 | 1 << 64);
+
+/// The mask of the first `len` bytes of a u128, by `len`: a load, where
+/// a shift by a variable count of a u128 is a branch and two shifts.
+const KEEP_BYTES: [u128; SHORT_WORD_BYTES + 1] = {
+    let mut masks = [0; SHORT_WORD_BYTES + 1];
+    let mut len = 1;
+    while len <= SHORT_WORD_BYTES {
+        masks[len] = u128::MAX >> (128 - 8 * len);
+        len += 1;
+    }
+    masks
+};
 
 /// Words up to this many bytes are keyed by their packed bytes.
 const SHORT_WORD_BYTES: usize = 16;
