@@ -199,7 +199,8 @@ impl Vocabulary {
                 let bit = starts.trailing_zeros();
                 starts &= starts - 1;
                 let start = block_start + bit as usize;
-                // At most 128 - bit: the shift brings in clear bits.
+                // At most 128 - bit: the shift brings in clear bits, which
+                // the negation sets.
                 let mut len = (!(run >> bit)).trailing_zeros() as usize;
                 if len == 128 - bit as usize {
                     // A word running past the next block (rare): byte-wise.
