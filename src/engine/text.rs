@@ -356,7 +356,7 @@ fn alphanumeric_bits(bytes: &[u8], at: usize) -> u64 {
         let v = u64::from_le_bytes(eight.try_into().unwrap_or_default());
         // Each byte's high bit moves to bit 56 + its index: the products
         // land on distinct bits, so nothing carries.
-        let gathered = ((ascii_alphanumeric(v) >> 7).wrapping_mul(GATHER) >> 56) as u64;
+        let gathered = (ascii_alphanumeric(v) >> 7).wrapping_mul(GATHER) >> 56;
         bits |= gathered << (8 * k);
     }
     bits
