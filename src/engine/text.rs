@@ -5,11 +5,11 @@
 //! `char::to_lowercase()`. Words are interned to dense ids per run so word
 //! sets are `u32` vectors of distinct ids, compared through a [`MarkedSet`].
 
-use std::hash::Hasher;
+use std::hash::BuildHasher;
 use std::ops::Range;
 
+use foldhash::fast::RandomState;
 use hashbrown::HashTable;
-use rustc_hash::FxHasher;
 
 /// Number of Unicode scalar values in `text`.
 pub fn char_count(text: &str) -> usize {
@@ -36,8 +36,14 @@ pub fn char_prefix(text: &str, n: usize) -> &str {
 /// Interns lowercased words to dense ids for one engine run. The words are
 /// kept once, end to end in one string, and found through a table of ids
 /// hashed by their text: one allocation per growth, not two per new word.
+///
+/// The words come from clients, so the tables hash them with a key chosen
+/// at random ([`foldhash`]): with an unkeyed hash a client could send words
+/// built to share one hash, and every lookup would walk all of them. Ids do
+/// not depend on the hash, so the output stays a function of the input.
 #[derive(Default)]
 pub struct Vocabulary {
+    hasher: RandomState,
     /// Words of up to [`SHORT_WORD_BYTES`] bytes (nearly all words), by
     /// their bytes packed in a u128: alphanumeric text has no NUL, so the
     /// zero padding is unambiguous and a lookup is one integer compare.
@@ -52,25 +58,12 @@ pub struct Vocabulary {
     word_chars: Vec<u32>,
 }
 
-/// The hash of a short word's key: computed once per word, for the lookup
-/// and, when the word is new, for its insert.
-fn hash_key(key: u128) -> u64 {
-    let mut hasher = FxHasher::default();
-    hasher.write_u128(key);
-    hasher.finish()
-}
-
-fn hash_word(word: &str) -> u64 {
-    let mut hasher = FxHasher::default();
-    hasher.write(word.as_bytes());
-    hasher.finish()
-}
-
 impl Vocabulary {
     /// A vocabulary with room for about `words` distinct words, so that a
     /// run over a long history does not rehash its table again and again.
     pub fn with_capacity(words: usize) -> Self {
         Vocabulary {
+            hasher: RandomState::default(),
             short: HashTable::with_capacity(words),
             table: HashTable::new(),
             text: String::with_capacity(words * 8),
@@ -108,7 +101,9 @@ impl Vocabulary {
     /// `text[at]` lowercased (`text[at]` may still have ASCII capitals).
     #[inline]
     fn intern_short(&mut self, key: u128, text: &str, at: Range<usize>) -> u32 {
-        let hash = hash_key(key);
+        // Computed once per word, for the lookup and, when the word is
+        // new, for its insert.
+        let hash = self.hasher.hash_one(key);
         match self.short.find(hash, |&(k, _)| k == key) {
             Some(&(_, id)) => id,
             // Cut only here: slicing a str checks char boundaries.
@@ -125,13 +120,14 @@ impl Vocabulary {
         self.text.push_str(word);
         self.text[start..].make_ascii_lowercase();
         let id = self.push_span(start, char_count(word));
+        let hasher = &self.hasher;
         self.short
-            .insert_unique(hash, (key, id), |&(k, _)| hash_key(k));
+            .insert_unique(hash, (key, id), |&(k, _)| hasher.hash_one(k));
         id
     }
 
     fn intern_long(&mut self, word: &str) -> u32 {
-        let hash = hash_word(word);
+        let hash = self.hasher.hash_one(word);
         let Vocabulary {
             table, text, spans, ..
         } = self;
@@ -144,12 +140,16 @@ impl Vocabulary {
         }
         let id = self.push(word);
         let Vocabulary {
-            table, text, spans, ..
+            hasher,
+            table,
+            text,
+            spans,
+            ..
         } = self;
         let (text, spans) = (&*text, &*spans);
         table.insert_unique(hash, id, |&id| {
             let (start, end) = spans[id as usize];
-            hash_word(&text[start as usize..end as usize])
+            hasher.hash_one(&text[start as usize..end as usize])
         });
         id
     }
@@ -699,6 +699,39 @@ mod tests {
                 assert_eq!(words(&text), spec_words(&text), "{text:?}");
             }
         }
+    }
+
+    #[test]
+    fn words_built_to_share_an_unkeyed_hash_spread_over_the_table() {
+        // 16-byte words `lo | hi << 64` with `lo * K + hi` the same for all
+        // (K the multiplier of rustc-hash's FxHasher), found by search:
+        // FxHasher gives every one of them one hash, so a table keyed by it
+        // walks all of them on each lookup.
+        let words: Vec<&str> = include_str!("../../tests/data/fxhash-colliding-words.txt")
+            .lines()
+            .collect();
+        assert_eq!(words.len(), 200);
+        let keys: Vec<u128> = words.iter().map(|w| pack(w.as_bytes())).collect();
+        let unkeyed = |key: u128| {
+            let mut hasher = rustc_hash::FxHasher::default();
+            std::hash::Hasher::write_u128(&mut hasher, key);
+            std::hash::Hasher::finish(&hasher)
+        };
+        assert!(keys.iter().all(|&key| unkeyed(key) == unkeyed(keys[0])));
+
+        let mut vocab = Vocabulary::default();
+        let distinct = |bits: fn(u64) -> u64| {
+            let hashes = keys.iter().map(|&key| bits(vocab.hasher.hash_one(key)));
+            hashes.collect::<std::collections::HashSet<_>>().len()
+        };
+        // hashbrown places a key by its hash's low bits and tells keys in a
+        // group apart by its top seven; 200 random hashes take ~182 of 1,024
+        // places and ~101 of 128 tags.
+        assert!(distinct(|hash| hash & 1023) > 150);
+        assert!(distinct(|hash| hash >> 57) > 64);
+        let mut ids = Vec::new();
+        vocab.words_of(&words.join(" "), &mut ids);
+        assert_eq!(ids, (0..200).collect::<Vec<u32>>());
     }
 
     #[test]
