@@ -16,7 +16,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 use crate::format::{Conversation, Item, Plan};
@@ -56,11 +55,15 @@ const MAX_CACHED_PIECE: usize = 32;
 /// about 300 KiB per thread, however many blocking-pool threads count.
 const MAX_PIECES: usize = 1 << 12;
 
+type PieceCounts = std::collections::HashMap<Box<str>, u32, foldhash::fast::RandomState>;
+
 thread_local! {
     /// Per encoding, the token counts of pre-tokenizer pieces counted on
     /// this thread.
-    static PIECES: std::cell::RefCell<[FxHashMap<Box<str>, u32>; 2]> =
-        std::cell::RefCell::new([FxHashMap::default(), FxHashMap::default()]);
+    /// Pieces come from clients: hashed with a key chosen at random, so no
+    /// client can send pieces built to share one hash.
+    static PIECES: std::cell::RefCell<[PieceCounts; 2]> =
+        std::cell::RefCell::new([PieceCounts::default(), PieceCounts::default()]);
 }
 
 /// Seeds the hash of a whole item (text and tool calls), so its key never

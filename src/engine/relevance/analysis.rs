@@ -3,9 +3,10 @@
 //! [`AnalysisCache`] keeps them between requests by a hash of each
 //! message's text and of each history.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use foldhash::fast::RandomState;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_128_with_seed};
 
 use super::terms::{for_each_keyed_term, normalize, term_id, Kind, TermMasks, TermMemo};
@@ -302,7 +303,7 @@ struct Analyzer {
     /// words.
     slot_of_raw: TermMemo,
     /// Normalised term id -> slot.
-    slot_of_id: FxHashMap<u64, u32>,
+    slot_of_id: HashMap<u64, u32, RandomState>,
     /// The term id of each slot.
     ids: Vec<u64>,
     /// The count of each slot in the text being analysed.
@@ -323,7 +324,7 @@ impl Default for Analyzer {
     fn default() -> Self {
         Analyzer {
             slot_of_raw: TermMemo::default(),
-            slot_of_id: FxHashMap::default(),
+            slot_of_id: HashMap::default(),
             ids: vec![0],
             counts: vec![0],
             touched: vec![0; 2],
@@ -387,7 +388,7 @@ fn learn_slot(
     raw: &str,
     kind: Kind,
     buf: &mut String,
-    slot_of_id: &mut FxHashMap<u64, u32>,
+    slot_of_id: &mut HashMap<u64, u32, RandomState>,
     ids: &mut Vec<u64>,
     counts: &mut Vec<u32>,
     touched: &mut Vec<u32>,

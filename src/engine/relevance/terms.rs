@@ -2,7 +2,10 @@
 //! ASCII text's bytes read eight at a time), folding case, stemming and
 //! stopwords, and remembering what each raw term normalises to.
 
-use rustc_hash::FxHashMap;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use foldhash::fast::RandomState;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::engine::text::{ascii_alphanumeric, in_range, HIGH_BITS};
@@ -22,7 +25,7 @@ pub(super) struct TermMemo {
     /// not a call to compare strings.
     short: ShortTerms,
     /// Longer raw terms (the set is the history's vocabulary, not its text).
-    long: FxHashMap<Box<str>, u32>,
+    long: HashMap<Box<str>, u32, RandomState>,
 }
 
 impl TermMemo {
@@ -60,10 +63,14 @@ impl TermMemo {
 /// probing over a power-of-two table, at most a quarter full. Lighter than a
 /// general hash map for the one lookup every term of a history makes; a
 /// key and its slot share a place, so a lookup reads one cache line.
+///
+/// Terms come from clients: a key is placed by a hash keyed at random, so
+/// no client can build terms that crowd one run of places.
 #[derive(Default)]
 pub(super) struct ShortTerms {
     places: Vec<Place>,
     len: usize,
+    hasher: RandomState,
 }
 
 /// A packed key in two halves, and its slot. An empty place has key 0: a
@@ -88,14 +95,11 @@ impl Place {
 }
 
 impl ShortTerms {
-    /// Fibonacci hashing: the top bits of the product (as many as the
-    /// table's size has), which every bit of the key moves.
+    /// The top bits of the key's hash (as many as the table's size has).
     #[inline(always)]
-    fn place(key: u128, mask: usize) -> usize {
-        let folded = (key as u64) ^ ((key >> 64) as u64).rotate_left(29);
+    fn place(&self, key: u128, mask: usize) -> usize {
         // `leading_zeros` of a power of two less one: one instruction.
-        (folded.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (mask as u64).leading_zeros()) as usize
-            & mask
+        (self.hasher.hash_one(key) >> (mask as u64).leading_zeros()) as usize & mask
     }
 
     #[inline(always)]
@@ -104,7 +108,7 @@ impl ShortTerms {
             return None;
         }
         let mask = self.places.len() - 1;
-        let mut i = Self::place(key, mask);
+        let mut i = self.place(key, mask);
         loop {
             let place = &self.places[i];
             if place.holds(key) {
@@ -123,7 +127,7 @@ impl ShortTerms {
             self.grow();
         }
         let mask = self.places.len() - 1;
-        let mut i = Self::place(key, mask);
+        let mut i = self.place(key, mask);
         while !self.places[i].is_empty() && !self.places[i].holds(key) {
             i = (i + 1) & mask;
         }
@@ -148,6 +152,7 @@ impl ShortTerms {
             ShortTerms {
                 places: vec![Place::default(); size],
                 len: 0,
+                hasher: self.hasher.clone(),
             },
         );
         for place in old.places {
