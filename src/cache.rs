@@ -138,9 +138,11 @@ impl Checkpoints for CheckpointStore {
 /// Clones share the same entries.
 #[derive(Clone)]
 pub struct AnalysisStore {
-    /// Keys are 128-bit hashes already: Fx folds them in a few
-    /// instructions, where the default SipHash would hash them again.
-    analyses: Option<Cache<u128, CachedAnalysis, rustc_hash::FxBuildHasher>>,
+    /// Keys are 128-bit hashes already: foldhash folds them in one
+    /// multiply, where the default SipHash would hash them again. It is
+    /// keyed at random, as the keys are hashes of client text: an unkeyed
+    /// fold would let a client search out texts whose keys share a place.
+    analyses: Option<Cache<u128, CachedAnalysis, foldhash::fast::RandomState>>,
     /// The histories (by their last prefix key) being analysed after
     /// their request: one request scores its history several times (the
     /// agent passes, each token-budget round), and a history is filled
@@ -181,7 +183,7 @@ impl AnalysisStore {
                 // A history entry is read once, by its conversation's next
                 // turn: frequency-based admission would turn most away.
                 .eviction_policy(moka::policy::EvictionPolicy::lru())
-                .build_with_hasher(rustc_hash::FxBuildHasher)
+                .build_with_hasher(foldhash::fast::RandomState::default())
         });
         AnalysisStore {
             analyses,
