@@ -169,8 +169,9 @@ struct PrefixIndex {
 impl PrefixIndex {
     /// Lists the messages holding each token by the token's rank (a
     /// counting sort), then walks the ranks from the rarest: each message
-    /// takes the tokens it meets until its prefix is full. That is one pass
-    /// over the entries, where a selection per message costs several.
+    /// takes the tokens it meets until its prefix is full. Each step is
+    /// one linear pass over the entries, cheaper than a selection per
+    /// message.
     fn new(scores: &Scores, threshold: f64) -> Self {
         let sets = &scores.word_sets;
         let mut document_frequency = vec![0u32; scores.vocabulary_len()];
