@@ -354,16 +354,17 @@ fn alphanumeric_bits(bytes: &[u8], at: usize) -> u64 {
     let mut bits = 0;
     for (k, eight) in block.chunks_exact(8).enumerate() {
         let v = u64::from_le_bytes(eight.try_into().unwrap_or_default());
-        // Each byte's high bit moves to bit 56 + its index: the products
-        // land on distinct bits, so nothing carries.
-        let gathered = (ascii_alphanumeric(v) >> 7).wrapping_mul(GATHER) >> 56;
-        bits |= gathered << (8 * k);
+        bits |= gather_high_bits(ascii_alphanumeric(v)) << (8 * k);
     }
     bits
 }
 
-/// Gathers bit 0 of each byte into the top byte (see [`alphanumeric_bits`]).
-const GATHER: u64 = 0x0102_0408_1020_4080;
+/// Gathers the high bit of each byte into one byte, byte k to bit k: the
+/// multiplier's partial products never overlap, so nothing carries.
+#[inline(always)]
+pub(super) const fn gather_high_bits(high: u64) -> u64 {
+    ((high >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
+}
 
 /// The high bit of each byte of `x` within `lo..=hi`, all eight at once;
 /// every byte of `x` must be ASCII. For a 7-bit byte, `x + (0x80 - lo)`

@@ -8,7 +8,7 @@ use std::hash::BuildHasher;
 use foldhash::fast::RandomState;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::engine::text::{ascii_alphanumeric, in_range, HIGH_BITS};
+use crate::engine::text::{ascii_alphanumeric, gather_high_bits, in_range, HIGH_BITS};
 
 /// The id of a normalised term: a 64-bit hash, the same in every process.
 pub fn term_id(term: &str) -> u64 {
@@ -448,13 +448,6 @@ fn block_bits(block: &[u8]) -> Option<(u64, u64)> {
         punct |= gather_high_bits(visible & !letters) << (8 * k);
     }
     (any & HIGH_BITS == 0).then_some((alnum, punct))
-}
-
-/// Gathers the high bit of each byte into one byte, byte k to bit k: the
-/// multiplier's partial products never overlap, so nothing carries.
-#[inline(always)]
-const fn gather_high_bits(high: u64) -> u64 {
-    ((high >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
 }
 
 /// The first bit of `words` at or after `from` that is set (or clear, if
