@@ -166,7 +166,12 @@ pub fn write_loss_report(
         *span = (start, text.len());
     }
     let ratio_start = text.len();
-    let _ = write!(text, "{}", loss.retained_ratio);
+    if loss.retained_ratio == 1.0 {
+        // Every body that fits its budget: spares formatting a float.
+        text.extend_from_slice(b"1");
+    } else {
+        let _ = write!(text, "{}", loss.retained_ratio);
+    }
     let ratio = (ratio_start, text.len());
     let text = text.freeze();
     let figures = counts
