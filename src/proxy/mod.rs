@@ -316,7 +316,10 @@ async fn forward(
     // once the upstream agrees.
     let client_upgrade = parts.extensions.remove::<OnUpgrade>();
     let upgrade = headers::strip_hop_by_hop_keeping_upgrade(&mut parts.headers);
-    parts.headers.remove(header::HOST);
+    match state.upstream.host() {
+        Some(host) => parts.headers.insert(header::HOST, host.clone()),
+        None => parts.headers.remove(header::HOST),
+    };
 
     let header_timeout = runtime.timeouts.response_header;
     let idle = runtime.timeouts.upstream_idle;

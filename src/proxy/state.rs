@@ -38,6 +38,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(runtime: Runtime) -> Arc<Self> {
         let upstream = Upstream::new(
+            &runtime.upstream,
             runtime.timeouts.connect,
             // Past the request's own deadline, so its client gets the 504
             // first; the stalled socket is closed afterwards.

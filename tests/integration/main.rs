@@ -31,3 +31,4 @@ mod sdk_formats;
 mod sdk_openai;
 mod stable_mode;
 mod stable_relevance;
+mod upstream_pool;

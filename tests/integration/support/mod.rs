@@ -79,6 +79,8 @@ struct Shared {
     received: Vec<Received>,
     /// Requests whose handling was cut off by the proxy (connection closed).
     cancelled: usize,
+    /// Connections accepted.
+    connections: usize,
     behavior: Option<Behavior>,
 }
 
@@ -137,6 +139,7 @@ impl MockUpstream {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                server.shared.lock().unwrap().connections += 1;
                 let server = server.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
@@ -170,6 +173,11 @@ impl MockUpstream {
 
     pub fn cancelled(&self) -> usize {
         self.shared.lock().unwrap().cancelled
+    }
+
+    /// How many connections the mock has accepted.
+    pub fn connections(&self) -> usize {
+        self.shared.lock().unwrap().connections
     }
 
     async fn answer(
