@@ -48,9 +48,11 @@ declare -A URL=(
   [nginx]="http://127.0.0.1:$NGINX_PORT$PATH_"
   [proxy]="http://127.0.0.1:$PROXY_PORT$PATH_"
 )
+declare -A PID=([origin]="$ORIGIN_PID" [nginx]="$NGINX_PROXY_PID" [proxy]="$PROXY_PID")
 TARGETS=(origin nginx proxy)
 if [[ -n "${BASELINE_BIN:-}" ]]; then
   URL[baseline]="http://127.0.0.1:$BASELINE_PORT$PATH_"
+  PID[baseline]="$BASELINE_PID"
   TARGETS+=(baseline)
 fi
 declare -A RESULT
@@ -81,7 +83,12 @@ measure() {
       if ((WARMUP > 0)); then
         run_wrk "$case-$target-warmup" "${URL[$target]}" "$threads" "$conns" "$WARMUP" "$body" "$vary"
       fi
+      local ticks_before
+      ticks_before="$(proc_cpu_ticks "${PID[$target]}")"
       run_wrk "$case-$target-$round" "${URL[$target]}" "$threads" "$conns" "$DURATION" "$body" "$vary"
+      # CPU per request, µs: the ticks this target's processes used over the run.
+      RESULT[$case-$target-cpu]+="$(awk -v t="$(($(proc_cpu_ticks "${PID[$target]}") - ticks_before))" \
+        -v hz="$(getconf CLK_TCK)" -v n="$R_requests" 'BEGIN { printf "%.2f", n ? t / hz * 1e6 / n : 0 }') "
       RESULT[$case-$target-rps]+="$R_rps "
       RESULT[$case-$target-p50]+="$R_p50_us "
       RESULT[$case-$target-p99]+="$R_p99_us "
@@ -89,7 +96,7 @@ measure() {
     done
   done
   for target in "${TARGETS[@]}"; do
-    for figure in rps p50 p99; do
+    for figure in rps p50 p99 cpu; do
       RESULT[$case-$target-$figure]="$(median ${RESULT[$case-$target-$figure]})"
     done
   done
@@ -160,6 +167,21 @@ added() { awk -v a="${RESULT[$1]}" -v o="${RESULT[$2]}" 'BEGIN { printf "%+.2f m
   row "same, p99 added" large1 p99 added
   echo
   echo "errors (socket errors + non-2xx, all runs): $ERRORS; the origin column of latency rows is the origin's own figure"
+  echo
+  # CPU per request does not depend on how the 2 cores were shared out
+  # between wrk, the origin and the proxy, which req/s does.
+  cpu() { printf "%.1f µs" "${RESULT[$1]}"; }
+  echo "CPU per request (user + system, µs, the proxy's own processes; medians as above):"
+  echo
+  echo "| case | nginx reverse proxy | compaction-proxy | ours ÷ nginx |${BASELINE_BIN:+ baseline proxy |}"
+  echo "|---|---|---|---|${BASELINE_BIN:+---|}"
+  for case in small64 medium64; do
+    label="1 KB body, $CONNECTIONS connections"
+    [[ "$case" == small64 ]] || label="20 KB body, $CONNECTIONS connections"
+    line="| $label | $(cpu "$case-nginx-cpu") | $(cpu "$case-proxy-cpu") | $(ratio "$case-proxy-cpu" "$case-nginx-cpu") |"
+    [[ -z "${BASELINE_BIN:-}" ]] || line+=" $(cpu "$case-baseline-cpu") |"
+    echo "$line"
+  done
 } | tee "$LOAD_OUT/table.md"
 
 for summary in "$LOAD_OUT/perf-summary.txt" "$LOAD_OUT/perf-baseline-summary.txt"; do

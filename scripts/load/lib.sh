@@ -289,6 +289,16 @@ run_wrk() {
   fi
 }
 
+# CPU time (user + system, in clock ticks) used so far by PID and its child
+# processes (nginx's workers): sampled around a run, divided by its requests.
+proc_cpu_ticks() {
+  local pid total=0
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
 # Process figures of PID from /proc: RSS (kB), open descriptors, threads.
 proc_rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 proc_threads() { awk '/^Threads:/ { print $2 }' "/proc/$1/status"; }
