@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -62,6 +63,9 @@ pub struct Upstream {
 struct Pool {
     /// HTTP/1.1 connections waiting for a request, oldest first.
     idle: Mutex<VecDeque<Idle>>,
+    /// Whether the task closing expired idle connections runs (started on
+    /// the worker's runtime by the first connection pooled).
+    reaping: AtomicBool,
     /// The HTTP/2 connection, when the upstream chose HTTP/2: one carries
     /// all the worker's requests.
     http2: Mutex<Option<http2::SendRequest<ProxyBody>>>,
@@ -100,15 +104,16 @@ impl Pool {
 
     /// Takes back an HTTP/1.1 connection whose response has been read.
     fn checkin(self: &Arc<Self>, mut sender: http1::SendRequest<ProxyBody>) {
+        // Outside a runtime (it is shutting down) nothing is pooled.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         if sender.is_closed() {
             return;
         }
         if !sender.is_ready() {
             // The connection (its own task) has not yet seen the response
-            // end: pooled once it has (unless the runtime is going away).
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
+            // end: pooled once it has.
             let pool = self.clone();
             runtime.spawn(async move {
                 if std::future::poll_fn(|cx| sender.poll_ready(cx))
@@ -120,18 +125,36 @@ impl Pool {
             });
             return;
         }
+        if !self.reaping.swap(true, Ordering::Relaxed) {
+            runtime.spawn(reap(Arc::downgrade(self)));
+        }
         let now = Instant::now();
         let mut idle = lock(&self.idle);
-        while idle
-            .front()
-            .is_some_and(|oldest| now.duration_since(oldest.since) >= IDLE_TIMEOUT)
-        {
-            idle.pop_front();
-        }
+        expire(&mut idle, now);
         if idle.len() >= MAX_IDLE_PER_WORKER {
             idle.pop_front();
         }
         idle.push_back(Idle { sender, since: now });
+    }
+}
+
+/// Drops the connections unused for [`IDLE_TIMEOUT`] (the oldest are first).
+fn expire(idle: &mut VecDeque<Idle>, now: Instant) {
+    while idle
+        .front()
+        .is_some_and(|oldest| now.duration_since(oldest.since) >= IDLE_TIMEOUT)
+    {
+        idle.pop_front();
+    }
+}
+
+/// Closes expired idle connections even when no request comes to find
+/// them, so a burst's connections do not stay open for ever.
+async fn reap(pool: std::sync::Weak<Pool>) {
+    loop {
+        tokio::time::sleep(IDLE_TIMEOUT / 3).await;
+        let Some(pool) = pool.upgrade() else { return };
+        expire(&mut lock(&pool.idle), Instant::now());
     }
 }
 
@@ -478,6 +501,73 @@ pub fn target(base: &Uri, request: &Uri) -> Uri {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper_util::rt::TokioIo;
+
+    /// A connection to an in-memory peer that never answers, ready for a
+    /// request; the peer's end is returned to keep it open.
+    async fn connection() -> (http1::SendRequest<ProxyBody>, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(1024);
+        let (sender, connection) = http1::handshake(TokioIo::new(ours)).await.unwrap();
+        tokio::spawn(connection);
+        tokio::task::yield_now().await;
+        assert!(sender.is_ready());
+        (sender, theirs)
+    }
+
+    #[tokio::test]
+    async fn the_pool_hands_out_the_most_recent_connection_and_keeps_at_most_its_cap() {
+        let pool = Arc::new(Pool::default());
+        let mut peers = Vec::new();
+        for _ in 0..MAX_IDLE_PER_WORKER + 3 {
+            let (sender, peer) = connection().await;
+            pool.checkin(sender);
+            peers.push(peer);
+        }
+        assert_eq!(
+            lock(&pool.idle).len(),
+            MAX_IDLE_PER_WORKER,
+            "the oldest went"
+        );
+        let newest = lock(&pool.idle).back().unwrap().since;
+        assert!(matches!(pool.checkout(), Some(Sender::Http1(_))));
+        assert_eq!(lock(&pool.idle).len(), MAX_IDLE_PER_WORKER - 1);
+        assert!(lock(&pool.idle).iter().all(|idle| idle.since <= newest));
+    }
+
+    #[tokio::test]
+    async fn closed_and_expired_connections_are_never_handed_out() {
+        let pool = Arc::new(Pool::default());
+        // Closed by its peer before it comes back.
+        let (sender, peer) = connection().await;
+        drop(peer);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        pool.checkin(sender);
+        assert!(lock(&pool.idle).is_empty());
+
+        // Unused for longer than the idle timeout.
+        let Some(long_ago) = Instant::now().checked_sub(IDLE_TIMEOUT) else {
+            return; // a machine up for less than 90 s
+        };
+        let (sender, _peer) = connection().await;
+        lock(&pool.idle).push_back(Idle {
+            sender,
+            since: long_ago,
+        });
+        assert!(pool.checkout().is_none());
+        assert!(lock(&pool.idle).is_empty());
+        let (sender, _peer) = connection().await;
+        lock(&pool.idle).push_back(Idle {
+            sender,
+            since: long_ago,
+        });
+        expire(&mut lock(&pool.idle), Instant::now());
+        assert!(
+            lock(&pool.idle).is_empty(),
+            "the reaper's pass drops it too"
+        );
+    }
 
     fn target(base: &Uri, request: &str) -> Uri {
         super::target(base, &request.parse().unwrap())
