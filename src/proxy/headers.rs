@@ -22,6 +22,12 @@ pub static HOP_BY_HOP: [HeaderName; 9] = [
     HeaderName::from_static("proxy-connection"),
 ];
 
+/// Whether `name` has the length of one of [`HOP_BY_HOP`]: spares comparing
+/// the common names (`host`, `content-type`, `authorization`) with all nine.
+fn may_be_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(name.as_str().len(), 2 | 7 | 10 | 16 | 17 | 18 | 19)
+}
+
 /// The comma-separated tokens of every `Connection` header, trimmed.
 fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
@@ -37,7 +43,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names finds the few present (usually `Connection`
     // alone, or none): cheaper than a lookup per listed name.
     let mut present = 0u16; // bit i: HOP_BY_HOP[i] is in `headers`
-    for name in headers.keys() {
+    for name in headers.keys().filter(|name| may_be_hop_by_hop(name)) {
         if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
             present |= 1 << i;
         }
@@ -76,10 +82,6 @@ pub fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
         .any(|token| token.eq_ignore_ascii_case("upgrade"))
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten()
-}
-
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    upgrade_protocol(headers).is_some()
 }
 
 /// [`strip_hop_by_hop`], except that a protocol upgrade keeps its two
@@ -155,35 +157,36 @@ pub fn write_loss_report(
         (OUTPUT_TOKENS, output_tokens),
         (BUDGET_TOKENS, loss.budget_tokens),
     ];
-    let mut text = bytes::BytesMut::with_capacity(256);
-    let mut spans = [(0, 0); 13];
+    // Zeros (most of the figures of a body that fits its budget) and a
+    // ratio of exactly 1 are static values; the other figures share one
+    // buffer.
+    let mut text = bytes::BytesMut::with_capacity(128);
+    let mut spans: [Option<(usize, usize)>; 13] = [None; 13];
     let mut digits = itoa::Buffer::new();
     for (span, (_, count)) in spans.iter_mut().zip(&counts) {
-        let start = text.len();
-        if let Some(count) = count {
-            text.extend_from_slice(digits.format(*count).as_bytes());
+        if let Some(count) = count.filter(|&count| count != 0) {
+            let start = text.len();
+            text.extend_from_slice(digits.format(count).as_bytes());
+            *span = Some((start, text.len()));
         }
-        *span = (start, text.len());
     }
-    let ratio_start = text.len();
-    if loss.retained_ratio == 1.0 {
-        // Every body that fits its budget: spares formatting a float.
-        text.extend_from_slice(b"1");
-    } else {
+    let ratio = (loss.retained_ratio != 1.0).then(|| {
+        let start = text.len();
         let _ = write!(text, "{}", loss.retained_ratio);
-    }
-    let ratio = (ratio_start, text.len());
+        (start, text.len())
+    });
     let text = text.freeze();
-    let figures = counts
-        .into_iter()
-        .zip(spans)
-        .filter(|((_, count), _)| count.is_some())
-        .map(|((name, _), span)| (name, span))
-        .chain([(RETAINED_RATIO, ratio)]);
-    for (name, (start, end)) in figures {
-        if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(start..end)) {
+    let value = |span: Option<(usize, usize)>, otherwise: &'static str| match span {
+        Some((start, end)) => HeaderValue::from_maybe_shared(text.slice(start..end)).ok(),
+        None => Some(HeaderValue::from_static(otherwise)),
+    };
+    for ((name, count), span) in counts.into_iter().zip(spans) {
+        if let Some(value) = count.and(value(span, "0")) {
             headers.insert(name, value);
         }
+    }
+    if let Some(ratio) = value(ratio, "1") {
+        headers.insert(RETAINED_RATIO, ratio);
     }
     headers.insert(
         BUDGET_MET,
@@ -248,6 +251,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_length_filter_lets_every_hop_by_hop_name_through() {
+        assert!(HOP_BY_HOP.iter().all(may_be_hop_by_hop));
+        assert!(!may_be_hop_by_hop(&header::CONTENT_TYPE));
+    }
+
+    #[test]
     fn removes_the_static_hop_by_hop_list() {
         let mut h = HeaderMap::new();
         for name in HOP_BY_HOP.iter() {
@@ -307,7 +316,11 @@ mod tests {
     fn an_upgrade_needs_both_connection_and_upgrade() {
         let mut h = HeaderMap::new();
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert!(!is_upgrade(&h), "Upgrade alone is not an upgrade request");
+        assert_eq!(
+            upgrade_protocol(&h),
+            None,
+            "Upgrade alone is not an upgrade request"
+        );
         h.insert(
             header::CONNECTION,
             HeaderValue::from_static("keep-alive, Upgrade"),
