@@ -327,7 +327,12 @@ async fn forward(
     let sent = Instant::now();
     let mut response = match state
         .upstream
-        .send(Request::from_parts(parts, body), header_timeout, body_idle)
+        .send(
+            Request::from_parts(parts, body),
+            upgrade.is_some(),
+            header_timeout,
+            body_idle,
+        )
         .await
     {
         Ok(response) => response,

@@ -218,6 +218,7 @@ impl Upstream {
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
+        upgrade: bool,
         header_timeout: Duration,
         body_idle: Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
@@ -227,7 +228,7 @@ impl Upstream {
         // reading) cannot hold the request forever.
         let (parts, body) = request.into_parts();
         let (body, progress) = super::body::track_progress(body);
-        let response = self.dispatch(Request::from_parts(parts, body));
+        let response = self.dispatch(Request::from_parts(parts, body), upgrade);
         let watch = progress.clone();
         let body_idle = body_idle.min(header_timeout);
         let deadline = async move {
@@ -263,16 +264,16 @@ impl Upstream {
         }
     }
 
-    /// Sends `request` on a pooled connection, or on a new one. A request
-    /// that a reused connection gave back unsent (the upstream closed the
-    /// idle connection meanwhile) goes again on another.
+    /// Sends `request` on a pooled connection, or on a new one (a protocol
+    /// `upgrade` always on a new HTTP/1.1 one). A request that a reused
+    /// connection gave back unsent (the upstream closed the idle connection
+    /// meanwhile) goes again on another.
     async fn dispatch(
         &self,
         mut request: Request<ProxyBody>,
+        upgrade: bool,
     ) -> Result<Response<UpstreamBody>, BoxError> {
         let pool = &self.pools[super::workers::current_index() % self.pools.len()];
-        let upgrade = super::headers::is_upgrade(request.headers());
-        let absolute = request.uri().clone();
         loop {
             let pooled = if upgrade { None } else { pool.checkout() };
             let reused = pooled.is_some();
@@ -305,7 +306,8 @@ impl Upstream {
             match failed.take_message() {
                 Some(unsent) if reused => {
                     request = unsent;
-                    *request.uri_mut() = absolute.clone();
+                    // Absolute again, in case the next connection is HTTP/2.
+                    *request.uri_mut() = self.absolute(request.uri());
                 }
                 _ => return Err(failed.into_error().into()),
             }
@@ -349,6 +351,17 @@ impl Upstream {
             });
         }
         Ok(Sender::Http1(sender))
+    }
+}
+
+impl Upstream {
+    /// `uri` with the upstream's scheme and authority.
+    fn absolute(&self, uri: &Uri) -> Uri {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = self.destination.scheme().cloned();
+        parts.authority = self.destination.authority().cloned();
+        parts.path_and_query = uri.path_and_query().cloned();
+        Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
     }
 }
 
