@@ -83,7 +83,7 @@ impl PerRequestLookup {
 
     fn emit(&self, e: &RequestEvent) {
         let policy = e.policy.as_deref().unwrap_or("none");
-        let labels = [e.route.as_str(), policy, e.tenant.as_str()];
+        let labels = [&*e.route, policy, &*e.tenant];
         self.requests
             .with_label_values(&[&e.route, policy, &e.tenant, "compacted"])
             .inc();
@@ -94,7 +94,7 @@ impl PerRequestLookup {
             h.with_label_values(&labels).observe(0.5);
         }
         self.upstream_responses
-            .with_label_values(&[e.route.as_str(), "200"])
+            .with_label_values(&[&*e.route, "200"])
             .inc();
     }
 }

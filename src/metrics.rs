@@ -16,6 +16,13 @@ use prometheus::{
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
+/// [`UNMATCHED_ROUTE`] as a shared label (a reference count per request).
+fn unmatched_route() -> Arc<str> {
+    static UNMATCHED: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| UNMATCHED_ROUTE.into());
+    UNMATCHED.clone()
+}
+
 use crate::format::Format;
 use crate::outcome::{LossSummary, Status};
 
@@ -360,9 +367,9 @@ pub struct RequestEvent {
     pub method: http::Method,
     /// Path without query (queries may carry keys).
     pub path: String,
-    pub route: String,
-    pub policy: Option<String>,
-    pub tenant: String,
+    pub route: Arc<str>,
+    pub policy: Option<Arc<str>>,
+    pub tenant: Arc<str>,
     pub status: Option<Status>,
     pub loss: Option<LossSummary>,
     pub compaction_seconds: Option<f64>,
@@ -422,9 +429,9 @@ impl RequestEvent {
         RequestEvent {
             method,
             path,
-            route: UNMATCHED_ROUTE.to_owned(),
+            route: unmatched_route(),
             policy: None,
-            tenant: crate::policy::OTHER_TENANT.to_owned(),
+            tenant: crate::policy::other_tenant(),
             status: None,
             loss: None,
             compaction_seconds: None,
@@ -449,9 +456,9 @@ impl RequestEvent {
             series.requests[format][status.index()]
                 .get_or_init(|| {
                     metrics.requests.with_label_values(&[
-                        self.route.as_str(),
+                        &*self.route,
                         policy,
-                        self.tenant.as_str(),
+                        &*self.tenant,
                         status.label(),
                         self.format.map_or("none", Format::as_str),
                     ])
@@ -489,9 +496,9 @@ impl RequestEvent {
             for ((cell, pass), chars) in series.pass_chars.iter().zip(PASSES).zip(passes) {
                 cell.get_or_init(|| {
                     metrics.pass_chars.with_label_values(&[
-                        self.route.as_str(),
+                        &*self.route,
                         policy,
-                        self.tenant.as_str(),
+                        &*self.tenant,
                         pass,
                     ])
                 })
@@ -554,7 +561,7 @@ impl RequestEvent {
             let count = || {
                 metrics
                     .upstream_responses
-                    .with_label_values(&[self.route.as_str(), code.to_string().as_str()])
+                    .with_label_values(&[&*self.route, code.to_string().as_str()])
             };
             match series
                 .upstream_responses

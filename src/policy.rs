@@ -29,6 +29,13 @@ pub const MAX_WORKERS: usize = 1024;
 /// Label used for tenants that are not configured (bounded metric labels).
 pub const OTHER_TENANT: &str = "other";
 
+/// [`OTHER_TENANT`] as a shared label: every request's copy is a reference
+/// count, not an allocation.
+pub fn other_tenant() -> Arc<str> {
+    static OTHER: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| OTHER_TENANT.into());
+    OTHER.clone()
+}
+
 /// Every configured duration, typed once when the configuration is
 /// compiled (the TOML keys are seconds, `*_secs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +56,7 @@ pub struct CompiledPolicy {
     /// Unique per compilation: a reloaded policy of the same name is a
     /// different policy, so outcomes cached under the old one never apply.
     pub id: u64,
-    pub name: String,
+    pub name: Arc<str>,
     pub engine: Policy,
     pub mode: Mode,
     pub pin_first_user: bool,
@@ -91,7 +98,7 @@ impl CompiledPolicy {
     pub fn plain(name: &str, engine: Policy) -> Self {
         CompiledPolicy {
             id: next_policy_id(),
-            name: name.to_owned(),
+            name: name.into(),
             engine,
             mode: Mode::Exact,
             pin_first_user: false,
@@ -151,7 +158,7 @@ impl CompiledPolicy {
 #[derive(Debug)]
 struct Route {
     /// The configured path: the route's metric label.
-    label: String,
+    label: Arc<str>,
     /// The path's segments after the leading `/`; `*` matches any one.
     segments: Vec<String>,
     /// The path ended in `*`: its last segment is a prefix of the rest of
@@ -168,7 +175,7 @@ impl Route {
             None => (path, false),
         };
         Route {
-            label: path.to_owned(),
+            label: path.into(),
             segments: pattern
                 .strip_prefix('/')
                 .unwrap_or(pattern)
@@ -212,17 +219,17 @@ pub struct Runtime {
     pub timeouts: Timeouts,
     routes: Vec<Route>,
     tenant_header: HeaderName,
-    tenants: HashMap<String, Arc<CompiledPolicy>>,
+    tenants: HashMap<Arc<str>, Arc<CompiledPolicy>>,
 }
 
 /// What applies to one request on a matched route.
 #[derive(Debug, Clone)]
 pub struct Resolution {
     /// The route's configured path: a bounded metric label.
-    pub route: String,
+    pub route: Arc<str>,
     pub policy: Arc<CompiledPolicy>,
     /// The tenant if configured, else [`OTHER_TENANT`].
-    pub tenant: String,
+    pub tenant: Arc<str>,
     /// The route's body format.
     pub format: Format,
 }
@@ -412,7 +419,7 @@ impl Runtime {
         for (tenant, policy) in &config.tenants.policies {
             match policies.get(policy) {
                 Some(p) => {
-                    tenants.insert(tenant.clone(), p.clone());
+                    tenants.insert(tenant.as_str().into(), p.clone());
                 }
                 None if config.policies.contains_key(policy) => {}
                 None => problem(
@@ -447,7 +454,7 @@ impl Runtime {
             .and_then(|t| self.tenants.get_key_value(t));
         let (tenant, policy) = match tenant {
             Some((name, policy)) => (name.clone(), policy.clone()),
-            None => (OTHER_TENANT.to_owned(), route.policy.clone()),
+            None => (other_tenant(), route.policy.clone()),
         };
         Some(Resolution {
             route: self.route_label(route),
@@ -457,7 +464,7 @@ impl Runtime {
         })
     }
 
-    fn route_label(&self, route: &Route) -> String {
+    fn route_label(&self, route: &Route) -> Arc<str> {
         route.label.clone()
     }
 
@@ -467,7 +474,7 @@ impl Runtime {
             .iter()
             .map(|r| &r.policy)
             .chain(self.tenants.values())
-            .find(|p| p.name == name)
+            .find(|p| &*p.name == name)
             .cloned()
             .or_else(|| {
                 // One offline compaction: nothing to share analyses with.
@@ -663,7 +670,7 @@ fn compile_policy(
     match pin_patterns {
         Ok(pin_patterns) if problems.is_empty() => Ok(CompiledPolicy {
             id: next_policy_id(),
-            name: name.to_owned(),
+            name: name.into(),
             engine: p.engine_policy(),
             mode: p.mode,
             pin_first_user: p.pin_first_user,
@@ -717,22 +724,13 @@ mod tests {
                 .unwrap();
         let mut headers = HeaderMap::new();
         let r = rt.resolve("/v1/chat/completions", &headers).unwrap();
-        assert_eq!(
-            (r.policy.name.as_str(), r.tenant.as_str()),
-            ("default", OTHER_TENANT)
-        );
+        assert_eq!((&*r.policy.name, &*r.tenant), ("default", OTHER_TENANT));
         headers.insert("x-tenant-id", "acme".parse().unwrap());
         let r = rt.resolve("/v1/chat/completions", &headers).unwrap();
-        assert_eq!(
-            (r.policy.name.as_str(), r.tenant.as_str()),
-            ("small", "acme")
-        );
+        assert_eq!((&*r.policy.name, &*r.tenant), ("small", "acme"));
         headers.insert("x-tenant-id", "unknown-co".parse().unwrap());
         let r = rt.resolve("/v1/chat/completions", &headers).unwrap();
-        assert_eq!(
-            (r.policy.name.as_str(), r.tenant.as_str()),
-            ("default", OTHER_TENANT)
-        );
+        assert_eq!((&*r.policy.name, &*r.tenant), ("default", OTHER_TENANT));
     }
 
     #[test]
@@ -746,7 +744,10 @@ mod tests {
         let tenant_of = |value: &str| {
             let mut headers = HeaderMap::new();
             headers.insert("X-Tenant-Id", value.parse().unwrap());
-            rt.resolve("/v1/chat/completions", &headers).unwrap().tenant
+            rt.resolve("/v1/chat/completions", &headers)
+                .unwrap()
+                .tenant
+                .to_string()
         };
         assert_eq!(tenant_of("acme"), "acme");
         assert_eq!(tenant_of("ACME"), OTHER_TENANT);
@@ -769,17 +770,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            rt.resolve("/v1/chat/completions", &HeaderMap::new())
+            &*rt.resolve("/v1/chat/completions", &HeaderMap::new())
                 .unwrap()
                 .policy
                 .name,
             "a"
         );
         let r = rt.resolve("/v1/other", &HeaderMap::new()).unwrap();
-        assert_eq!(
-            (r.policy.name.as_str(), r.route.as_str()),
-            ("default", "/v1/*")
-        );
+        assert_eq!((&*r.policy.name, &*r.route), ("default", "/v1/*"));
     }
 
     #[test]
@@ -942,7 +940,7 @@ mod tests {
             .resolve("/openai/deployments/gpt4o/chat/completions", &h)
             .unwrap();
         assert_eq!(azure.format, Format::Chat);
-        assert_eq!(azure.route, "/openai/deployments/*/chat/completions");
+        assert_eq!(&*azure.route, "/openai/deployments/*/chat/completions");
         assert!(rt
             .resolve("/openai/deployments/a/b/chat/completions", &h)
             .is_none());

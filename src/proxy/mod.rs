@@ -83,15 +83,15 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         RequestEvent::new(request.method().clone(), request.uri().path().to_owned()),
     );
 
-    let Some(mut resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
+    let Some(resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
         let (parts, body) = request.into_parts();
         return forward(&state, &runtime, parts, streamed(body), None, record).await;
     };
-    // The labels move to the record: nothing after this step reads them.
-    record.route = std::mem::take(&mut resolution.route);
+    // Shared labels: each copy is a reference count.
+    record.route = resolution.route.clone();
     record.format = Some(resolution.format);
     record.policy = Some(resolution.policy.name.clone());
-    record.tenant = std::mem::take(&mut resolution.tenant);
+    record.tenant = resolution.tenant.clone();
 
     let (mut parts, body) = request.into_parts();
     let wants_bypass = headers::wants_bypass(&parts.headers);
