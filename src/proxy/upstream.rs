@@ -282,15 +282,19 @@ impl Upstream {
                 None => self.connect(pool, upgrade).await?,
             };
             let mut failed = match sender {
-                Sender::Http2(mut sender) => match sender.try_send_request(request).await {
-                    Ok(response) => return Ok(response.map(UpstreamBody::unpooled)),
-                    Err(failed) => {
-                        // Refused by a closing connection (GOAWAY): the
-                        // next request opens another.
-                        lock(&pool.http2).take();
-                        failed
+                Sender::Http2(mut sender) => {
+                    // HTTP/2 carries the authority in `:authority`, from the URI.
+                    request.headers_mut().remove(http::header::HOST);
+                    match sender.try_send_request(request).await {
+                        Ok(response) => return Ok(response.map(UpstreamBody::unpooled)),
+                        Err(failed) => {
+                            // Refused by a closing connection (GOAWAY): the
+                            // next request opens another.
+                            lock(&pool.http2).take();
+                            failed
+                        }
                     }
-                },
+                }
                 Sender::Http1(mut sender) => {
                     *request.uri_mut() = origin_form(request.uri());
                     match sender.try_send_request(request).await {

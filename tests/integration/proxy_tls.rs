@@ -103,6 +103,11 @@ async fn https_upstream_trusted_by_ca_file_gets_the_compacted_request_over_http2
         received.uri.authority().map(|a| a.as_str()),
         Some(format!("localhost:{}", front.port()).as_str())
     );
+    assert_eq!(
+        received.headers.get("host"),
+        None,
+        "HTTP/2 names the authority once, in :authority"
+    );
 }
 
 #[tokio::test]
