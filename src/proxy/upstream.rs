@@ -67,8 +67,9 @@ struct Pool {
     /// the worker's runtime by the first connection pooled).
     reaping: AtomicBool,
     /// The HTTP/2 connection, when the upstream chose HTTP/2: one carries
-    /// all the worker's requests.
-    http2: Mutex<Option<http2::SendRequest<ProxyBody>>>,
+    /// all the worker's requests. With when it was last handed out: unused
+    /// for [`IDLE_TIMEOUT`], it is not used again.
+    http2: Mutex<Option<(http2::SendRequest<ProxyBody>, Instant)>>,
 }
 
 struct Idle {
@@ -90,8 +91,16 @@ impl Pool {
     /// most recently used HTTP/1.1 one. Closed and expired ones met on the
     /// way are dropped.
     fn checkout(&self) -> Option<Sender> {
-        if let Some(http2) = lock(&self.http2).as_ref().filter(|h| h.is_ready()) {
-            return Some(Sender::Http2(http2.clone()));
+        {
+            let mut http2 = lock(&self.http2);
+            if let Some((sender, last_used)) = http2.as_mut() {
+                let now = Instant::now();
+                if sender.is_ready() && now.duration_since(*last_used) < IDLE_TIMEOUT {
+                    *last_used = now;
+                    return Some(Sender::Http2(sender.clone()));
+                }
+                *http2 = None;
+            }
         }
         let mut idle = lock(&self.idle);
         while let Some(Idle { sender, since }) = idle.pop_back() {
@@ -154,7 +163,15 @@ async fn reap(pool: std::sync::Weak<Pool>) {
     loop {
         tokio::time::sleep(IDLE_TIMEOUT / 3).await;
         let Some(pool) = pool.upgrade() else { return };
-        expire(&mut lock(&pool.idle), Instant::now());
+        let now = Instant::now();
+        expire(&mut lock(&pool.idle), now);
+        let mut http2 = lock(&pool.http2);
+        if http2
+            .as_ref()
+            .is_some_and(|(_, last_used)| now.duration_since(*last_used) >= IDLE_TIMEOUT)
+        {
+            *http2 = None;
+        }
     }
 }
 
@@ -288,9 +305,14 @@ impl Upstream {
                     match sender.try_send_request(request).await {
                         Ok(response) => return Ok(response.map(UpstreamBody::unpooled)),
                         Err(failed) => {
-                            // Refused by a closing connection (GOAWAY): the
-                            // next request opens another.
-                            lock(&pool.http2).take();
+                            // A closed connection (after a GOAWAY) makes
+                            // way for a new one; one failed stream does not.
+                            if sender.is_closed() {
+                                let mut http2 = lock(&pool.http2);
+                                if http2.as_ref().is_some_and(|(h, _)| h.is_closed()) {
+                                    *http2 = None;
+                                }
+                            }
                             failed
                         }
                     }
@@ -310,8 +332,14 @@ impl Upstream {
             match failed.take_message() {
                 Some(unsent) if reused => {
                     request = unsent;
-                    // Absolute again, in case the next connection is HTTP/2.
+                    // Absolute again and with its Host, whichever protocol
+                    // the next connection speaks.
                     *request.uri_mut() = self.absolute(request.uri());
+                    if let Some(host) = &self.host {
+                        request
+                            .headers_mut()
+                            .insert(http::header::HOST, host.clone());
+                    }
                 }
                 _ => return Err(failed.into_error().into()),
             }
@@ -337,7 +365,7 @@ impl Upstream {
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            *lock(&pool.http2) = Some(sender.clone());
+            *lock(&pool.http2) = Some((sender.clone(), Instant::now()));
             return Ok(Sender::Http2(sender));
         }
         let (sender, connection) = http1::handshake(stream).await?;
@@ -414,9 +442,10 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        // Trailers are the last frame: hyper stops polling after them.
         let ended = match &polled {
             Poll::Ready(None) => true,
-            Poll::Ready(Some(Ok(_))) => self.inner.is_end_stream(),
+            Poll::Ready(Some(Ok(frame))) => frame.is_trailers() || self.inner.is_end_stream(),
             _ => false,
         };
         if ended {
@@ -584,6 +613,35 @@ mod tests {
             lock(&pool.idle).is_empty(),
             "the reaper's pass drops it too"
         );
+    }
+
+    #[tokio::test]
+    async fn an_http2_connection_unused_for_the_idle_timeout_is_not_used_again() {
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(
+                TokioIo::new(theirs),
+                hyper::service::service_fn(|_| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(
+                        http_body_util::Empty::<Bytes>::new(),
+                    ))
+                }),
+            ),
+        );
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .handshake(TokioIo::new(ours))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let pool = Arc::new(Pool::default());
+        *lock(&pool.http2) = Some((sender.clone(), Instant::now()));
+        assert!(matches!(pool.checkout(), Some(Sender::Http2(_))));
+        let Some(long_ago) = Instant::now().checked_sub(IDLE_TIMEOUT) else {
+            return; // a machine up for less than 90 s
+        };
+        *lock(&pool.http2) = Some((sender, long_ago));
+        assert!(pool.checkout().is_none());
+        assert!(lock(&pool.http2).is_none());
     }
 
     fn target(base: &Uri, request: &str) -> Uri {

@@ -158,3 +158,36 @@ async fn an_untrusted_upstream_certificate_is_a_502_and_nothing_is_sent() {
     );
     assert!(upstream.received().is_empty());
 }
+
+#[tokio::test]
+async fn a_failed_http2_stream_keeps_the_shared_connection() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let (front, ca_pem) = tls_front(upstream.addr, &[b"h2"]).await;
+    let ca_file = temp_file("ca.pem", ca_pem.as_bytes());
+    let config = format!(
+        "{POLICY}[upstream]\nca_file = {:?}\n",
+        ca_file.to_str().unwrap()
+    );
+    let proxy = TestProxy::start(&config, &format!("https://localhost:{}", front.port())).await;
+    for _ in 0..5 {
+        upstream.set_behavior(Behavior::FailStream);
+        let failed = send(post_json(
+            &proxy.url("/v1/chat/completions"),
+            over_budget_body(),
+        ))
+        .await;
+        assert_eq!(failed.status, 502);
+        upstream.set_behavior(Behavior::Json(200, json!({"ok": true})));
+        let answered = send(post_json(
+            &proxy.url("/v1/chat/completions"),
+            over_budget_body(),
+        ))
+        .await;
+        assert_eq!(answered.status, 200);
+    }
+    assert_eq!(
+        upstream.connections(),
+        1,
+        "a reset stream is not a closed connection"
+    );
+}

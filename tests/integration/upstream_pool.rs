@@ -144,3 +144,45 @@ async fn an_upstream_closing_pooled_connections_costs_no_request() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_response_ending_in_trailers_gives_its_connection_back() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                // Bodiless GETs, answered one after another on the connection.
+                let mut read = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                        read.drain(..end + 4);
+                        let answer = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-t\r\n\r\n2\r\nok\r\n0\r\nx-t: 1\r\n\r\n";
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let proxy = TestProxy::start("", &format!("http://{upstream}")).await;
+    for _ in 0..5 {
+        let request = Request::get(proxy.url("/v1/models"))
+            .header("te", "trailers")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let answer = send(request).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(&answer.body[..], b"ok");
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -48,6 +48,9 @@ pub enum Behavior {
     ResetAfter(Vec<String>),
     /// Never sends response headers.
     Stall,
+    /// The handler fails before answering: HTTP/2 resets the stream,
+    /// HTTP/1.1 closes the connection.
+    FailStream,
     /// Answers `{"ok": true}` after this long.
     SlowHeaders(Duration),
     /// Accepts a protocol upgrade (101) and then echoes what it reads, in
@@ -144,7 +147,16 @@ impl MockUpstream {
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
                         let server = server.clone();
-                        async move { Ok::<_, Infallible>(server.answer(req).await) }
+                        async move {
+                            let fail = matches!(
+                                server.shared.lock().unwrap().behavior,
+                                Some(Behavior::FailStream)
+                            );
+                            if fail {
+                                return Err(std::io::Error::other("the mock fails this stream"));
+                            }
+                            Ok(server.answer(req).await)
+                        }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -328,6 +340,7 @@ impl MockUpstream {
                     )
                     .unwrap()
             }
+            Behavior::FailStream => unreachable!("failed before answering"),
             Behavior::Stall => {
                 let _guard = CancelGuard {
                     shared: self.shared.clone(),
