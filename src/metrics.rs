@@ -16,15 +16,15 @@ use prometheus::{
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
+use crate::format::Format;
+use crate::outcome::{LossSummary, Status};
+
 /// [`UNMATCHED_ROUTE`] as a shared label (a reference count per request).
 fn unmatched_route() -> Arc<str> {
     static UNMATCHED: std::sync::LazyLock<Arc<str>> =
         std::sync::LazyLock::new(|| UNMATCHED_ROUTE.into());
     UNMATCHED.clone()
 }
-
-use crate::format::Format;
-use crate::outcome::{LossSummary, Status};
 
 pub struct Metrics {
     registry: Registry,

@@ -302,19 +302,11 @@ impl Upstream {
                 Sender::Http2(mut sender) => {
                     // HTTP/2 carries the authority in `:authority`, from the URI.
                     request.headers_mut().remove(http::header::HOST);
+                    // A failed stream leaves the connection in the pool; a
+                    // closed one (after a GOAWAY) is replaced at checkout.
                     match sender.try_send_request(request).await {
                         Ok(response) => return Ok(response.map(UpstreamBody::unpooled)),
-                        Err(failed) => {
-                            // A closed connection (after a GOAWAY) makes
-                            // way for a new one; one failed stream does not.
-                            if sender.is_closed() {
-                                let mut http2 = lock(&pool.http2);
-                                if http2.as_ref().is_some_and(|(h, _)| h.is_closed()) {
-                                    *http2 = None;
-                                }
-                            }
-                            failed
-                        }
+                        Err(failed) => failed,
                     }
                 }
                 Sender::Http1(mut sender) => {
