@@ -91,11 +91,11 @@ impl Pool {
     /// most recently used HTTP/1.1 one. Closed and expired ones met on the
     /// way are dropped.
     fn checkout(&self) -> Option<Sender> {
+        let now = Instant::now();
         {
             let mut http2 = lock(&self.http2);
             if let Some((sender, last_used)) = http2.as_mut() {
-                let now = Instant::now();
-                if sender.is_ready() && now.duration_since(*last_used) < IDLE_TIMEOUT {
+                if sender.is_ready() && !expired(*last_used, now) {
                     *last_used = now;
                     return Some(Sender::Http2(sender.clone()));
                 }
@@ -104,7 +104,7 @@ impl Pool {
         }
         let mut idle = lock(&self.idle);
         while let Some(Idle { sender, since }) = idle.pop_back() {
-            if sender.is_ready() && since.elapsed() < IDLE_TIMEOUT {
+            if sender.is_ready() && !expired(since, now) {
                 return Some(Sender::Http1(sender));
             }
         }
@@ -147,11 +147,17 @@ impl Pool {
     }
 }
 
-/// Drops the connections unused for [`IDLE_TIMEOUT`] (the oldest are first).
+/// Whether a connection last used at `since` has been unused for
+/// [`IDLE_TIMEOUT`] by `now`: it is not used again.
+fn expired(since: Instant, now: Instant) -> bool {
+    now.duration_since(since) >= IDLE_TIMEOUT
+}
+
+/// Drops the expired connections (the oldest are first).
 fn expire(idle: &mut VecDeque<Idle>, now: Instant) {
     while idle
         .front()
-        .is_some_and(|oldest| now.duration_since(oldest.since) >= IDLE_TIMEOUT)
+        .is_some_and(|oldest| expired(oldest.since, now))
     {
         idle.pop_front();
     }
@@ -168,7 +174,7 @@ async fn reap(pool: std::sync::Weak<Pool>) {
         let mut http2 = lock(&pool.http2);
         if http2
             .as_ref()
-            .is_some_and(|(_, last_used)| now.duration_since(*last_used) >= IDLE_TIMEOUT)
+            .is_some_and(|&(_, last_used)| expired(last_used, now))
         {
             *http2 = None;
         }
@@ -326,7 +332,7 @@ impl Upstream {
                     request = unsent;
                     // Absolute again and with its Host, whichever protocol
                     // the next connection speaks.
-                    *request.uri_mut() = self.absolute(request.uri());
+                    *request.uri_mut() = target(&self.destination, request.uri());
                     if let Some(host) = &self.host {
                         request
                             .headers_mut()
@@ -375,17 +381,6 @@ impl Upstream {
             });
         }
         Ok(Sender::Http1(sender))
-    }
-}
-
-impl Upstream {
-    /// `uri` with the upstream's scheme and authority.
-    fn absolute(&self, uri: &Uri) -> Uri {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = self.destination.scheme().cloned();
-        parts.authority = self.destination.authority().cloned();
-        parts.path_and_query = uri.path_and_query().cloned();
-        Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
     }
 }
 
