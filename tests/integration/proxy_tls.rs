@@ -70,16 +70,23 @@ fn over_budget_body() -> String {
 const POLICY: &str =
     "[policies.default]\nbudget_chars = 50\nkeep_last_n = 1\npin_first_user = false\n";
 
-#[tokio::test]
-async fn https_upstream_trusted_by_ca_file_gets_the_compacted_request_over_http2() {
-    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
-    let (front, ca_pem) = tls_front(upstream.addr, &[b"h2", b"http/1.1"]).await;
+/// The proxy (with [`POLICY`]) in front of a TLS front for `upstream`
+/// offering `alpn`, trusting the front's CA through `upstream.ca_file`.
+async fn proxy_trusting_front(upstream: &MockUpstream, alpn: &[&[u8]]) -> (TestProxy, SocketAddr) {
+    let (front, ca_pem) = tls_front(upstream.addr, alpn).await;
     let ca_file = temp_file("ca.pem", ca_pem.as_bytes());
     let config = format!(
         "{POLICY}[upstream]\nca_file = {:?}\n",
         ca_file.to_str().unwrap()
     );
     let proxy = TestProxy::start(&config, &format!("https://localhost:{}", front.port())).await;
+    (proxy, front)
+}
+
+#[tokio::test]
+async fn https_upstream_trusted_by_ca_file_gets_the_compacted_request_over_http2() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let (proxy, front) = proxy_trusting_front(&upstream, &[b"h2", b"http/1.1"]).await;
 
     let answer = send(post_json(
         &proxy.url("/v1/chat/completions"),
@@ -113,13 +120,7 @@ async fn https_upstream_trusted_by_ca_file_gets_the_compacted_request_over_http2
 #[tokio::test]
 async fn https_upstream_speaks_http1_when_alpn_offers_only_that() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
-    let (front, ca_pem) = tls_front(upstream.addr, &[b"http/1.1"]).await;
-    let ca_file = temp_file("ca.pem", ca_pem.as_bytes());
-    let config = format!(
-        "{POLICY}[upstream]\nca_file = {:?}\n",
-        ca_file.to_str().unwrap()
-    );
-    let proxy = TestProxy::start(&config, &format!("https://localhost:{}", front.port())).await;
+    let (proxy, front) = proxy_trusting_front(&upstream, &[b"http/1.1"]).await;
 
     let answer = send(post_json(
         &proxy.url("/v1/chat/completions"),
@@ -162,13 +163,7 @@ async fn an_untrusted_upstream_certificate_is_a_502_and_nothing_is_sent() {
 #[tokio::test]
 async fn a_failed_http2_stream_keeps_the_shared_connection() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
-    let (front, ca_pem) = tls_front(upstream.addr, &[b"h2"]).await;
-    let ca_file = temp_file("ca.pem", ca_pem.as_bytes());
-    let config = format!(
-        "{POLICY}[upstream]\nca_file = {:?}\n",
-        ca_file.to_str().unwrap()
-    );
-    let proxy = TestProxy::start(&config, &format!("https://localhost:{}", front.port())).await;
+    let (proxy, _front) = proxy_trusting_front(&upstream, &[b"h2"]).await;
     for _ in 0..5 {
         upstream.set_behavior(Behavior::FailStream);
         let failed = send(post_json(
