@@ -64,8 +64,12 @@ impl CompactionCache {
         (entry.input.as_ref() == input).then(|| entry.outcome.clone())
     }
 
-    pub fn insert(&self, key: CacheKey, input: Bytes, outcome: Arc<Outcome>) {
+    /// Keeps its own copy of `input`: a request body is often a slice of
+    /// a larger buffer (hyper's read buffer), which an entry weighed by
+    /// the body's length must not hold on to.
+    pub fn insert(&self, key: CacheKey, input: &[u8], outcome: Arc<Outcome>) {
         if let Some(entries) = &self.entries {
+            let input = Bytes::copy_from_slice(input);
             entries.insert(key.0, Arc::new(Entry { input, outcome }));
         }
     }
@@ -402,7 +406,7 @@ mod tests {
     fn a_key_hit_with_other_bytes_is_a_miss() {
         let cache = CompactionCache::new(1 << 20);
         let shared = key(1, Format::Chat, b"body");
-        cache.insert(shared, Bytes::from_static(b"body"), outcome());
+        cache.insert(shared, b"body", outcome());
         assert!(cache.get(shared, b"body").is_some());
         assert!(cache.get(shared, b"another body, same key").is_none());
     }
@@ -410,11 +414,7 @@ mod tests {
     #[test]
     fn hits_only_for_the_same_policy_and_bytes() {
         let cache = CompactionCache::new(1 << 20);
-        cache.insert(
-            key(1, Format::Chat, b"body"),
-            Bytes::from_static(b"body"),
-            outcome(),
-        );
+        cache.insert(key(1, Format::Chat, b"body"), b"body", outcome());
         assert!(get(&cache, 1, Format::Chat, b"body").is_some());
         assert!(get(&cache, 1, Format::Anthropic, b"body").is_none());
         assert!(get(&cache, 2, Format::Chat, b"body").is_none());
@@ -426,11 +426,7 @@ mod tests {
     #[test]
     fn size_zero_turns_the_cache_off() {
         let cache = CompactionCache::new(0);
-        cache.insert(
-            key(1, Format::Chat, b"body"),
-            Bytes::from_static(b"body"),
-            outcome(),
-        );
+        cache.insert(key(1, Format::Chat, b"body"), b"body", outcome());
         assert!(get(&cache, 1, Format::Chat, b"body").is_none());
     }
 

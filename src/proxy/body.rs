@@ -154,7 +154,8 @@ const INITIAL_CAPACITY: usize = 8 * 1024;
 /// Reads a whole request body into one buffer that grows by doubling (never
 /// one allocation per frame: a client sending one-byte chunks costs what it
 /// sends, not a frame header per byte), counting its capacity against
-/// `budget`. A body declaring its length gets its buffer at once.
+/// `budget`. A body that comes in one frame is kept as it came; a body
+/// declaring its length is reserved at once.
 pub async fn collect_limited<B>(
     body: &mut B,
     limits: CollectLimits,
@@ -175,7 +176,10 @@ where
     if !hold.grow_to(first) {
         return Err(ProxyError::Overloaded);
     }
-    let mut buffer: Vec<u8> = Vec::with_capacity(first);
+    // The usual body comes in one frame, a slice of hyper's read buffer:
+    // kept as it came, with no copy. A second frame starts the buffer.
+    let mut only_frame: Option<Bytes> = None;
+    let mut buffer: Vec<u8> = Vec::new();
     // One timer for the whole body, moved on only when it fires: a timer
     // per frame would cost more than the frame for small chunks.
     let mut last_frame = Instant::now();
@@ -201,9 +205,25 @@ where
         let Ok(data) = frame.into_data() else {
             continue; // trailers: not part of the body
         };
-        let needed = buffer.len() + data.len();
+        if data.is_empty() {
+            continue;
+        }
+        let held = only_frame.as_ref().map_or(buffer.len(), Bytes::len);
+        let needed = held + data.len();
         if needed > limit {
             return Err(ProxyError::BodyTooLarge { limit });
+        }
+        if held == 0 {
+            only_frame = Some(data);
+            continue;
+        }
+        if let Some(earlier) = only_frame.take() {
+            let capacity = first.max(needed);
+            if !hold.grow_to(capacity) {
+                return Err(ProxyError::Overloaded);
+            }
+            buffer.reserve_exact(capacity);
+            buffer.extend_from_slice(&earlier);
         }
         if needed > buffer.capacity() {
             let grown = needed.max(buffer.capacity() * 2).min(limit);
@@ -213,6 +233,10 @@ where
             buffer.reserve_exact(grown - buffer.len());
         }
         buffer.extend_from_slice(&data);
+    }
+    if let Some(bytes) = only_frame {
+        hold.settle_at(bytes.len());
+        return Ok(Collected { bytes, hold });
     }
     // A body that came without a length may leave up to half its buffer
     // unused, and the buffer outlives the request when the cache keeps it,
@@ -715,6 +739,25 @@ mod tests {
         }
     }
 
+    /// A body of the given frames, in order.
+    struct Frames(std::collections::VecDeque<&'static [u8]>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let frame = self.0.pop_front();
+            Poll::Ready(frame.map(|f| Ok(Frame::data(Bytes::from_static(f)))))
+        }
+    }
+
+    fn frames(frames: &[&'static [u8]]) -> Frames {
+        Frames(frames.iter().copied().collect())
+    }
+
     fn one_byte_frames(n: usize) -> OneByteFrames {
         OneByteFrames(n)
     }
@@ -769,13 +812,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_declared_length_is_one_allocation() {
+    async fn a_body_in_one_frame_is_kept_as_it_came() {
         let budget = BufferBudget::new();
-        let mut body = http_body_util::Full::new(Bytes::from(vec![b'a'; 5000]));
+        let frame = Bytes::from(vec![b'a'; 5000]);
+        let mut body = http_body_util::Full::new(frame.clone());
         let collected = collect_limited(&mut body, limits(10_000, 1 << 30), &budget)
             .await
             .unwrap();
+        assert_eq!(collected.bytes.as_ptr(), frame.as_ptr(), "no copy");
         assert_eq!(collected.hold.bytes(), 5000);
+        assert_eq!(budget.held(), 5000);
+    }
+
+    #[tokio::test]
+    async fn a_second_frame_joins_the_first_in_one_buffer() {
+        let budget = BufferBudget::new();
+        let mut body = frames(&[b"first ", b"", b"second"]);
+        let collected = collect_limited(&mut body, limits(12, 1 << 30), &budget)
+            .await
+            .unwrap();
+        assert_eq!(&collected.bytes[..], b"first second");
+        assert_eq!(collected.hold.bytes(), 12);
+        assert_eq!(budget.held(), 12);
+        let mut body = frames(&[b"first ", b"second!"]);
+        let err = collect_limited(&mut body, limits(12, 1 << 30), &budget)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProxyError::BodyTooLarge { limit: 12 }));
     }
 
     #[tokio::test]

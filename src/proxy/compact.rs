@@ -189,7 +189,7 @@ fn compute(
     let outcome = Arc::new(outcome);
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
-    state.cache.insert(key, decoded, outcome.clone());
+    state.cache.insert(key, &decoded, outcome.clone());
     Ok((outcome, false))
 }
 
