@@ -31,6 +31,9 @@ struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheKey(u64);
 
+/// How much of each end of a long body its cache key reads.
+pub const KEY_EDGE_BYTES: usize = 4 * 1024;
+
 pub struct CompactionCache {
     entries: Option<Cache<u64, Arc<Entry>>>,
 }
@@ -50,12 +53,23 @@ impl CompactionCache {
     }
 
     /// The key of `input` in `format` under the policy with id `policy`.
-    /// xxh3: bodies run to megabytes, and SipHash read them at a tenth
-    /// of the speed. A collision is harmless: the entry keeps its input
-    /// and [`Self::get`] compares it.
+    /// The key only locates an entry: [`Self::get`] compares the whole
+    /// input, so a collision costs a miss, never another body's outcome.
+    /// A long body is keyed by its length and its first and last
+    /// [`KEY_EDGE_BYTES`], where the turns of a conversation differ (new
+    /// messages at the end, other settings at the start): a hit then reads
+    /// the body once (the compare), not twice. xxh3: SipHash reads at a
+    /// tenth of its speed.
     pub fn key(policy: u64, format: Format, input: &[u8]) -> CacheKey {
         let seed = policy.rotate_left(8) ^ format as u64;
-        CacheKey(xxhash_rust::xxh3::xxh3_64_with_seed(input, seed))
+        if input.len() <= 2 * KEY_EDGE_BYTES {
+            return CacheKey(xxhash_rust::xxh3::xxh3_64_with_seed(input, seed));
+        }
+        let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+        hasher.update(&(input.len() as u64).to_le_bytes());
+        hasher.update(&input[..KEY_EDGE_BYTES]);
+        hasher.update(&input[input.len() - KEY_EDGE_BYTES..]);
+        CacheKey(hasher.digest())
     }
 
     /// The outcome cached for `input` under `key` (from [`Self::key`]).
@@ -409,6 +423,37 @@ mod tests {
         cache.insert(shared, b"body", outcome());
         assert!(cache.get(shared, b"body").is_some());
         assert!(cache.get(shared, b"another body, same key").is_none());
+    }
+
+    #[test]
+    fn long_bodies_differing_anywhere_are_told_apart() {
+        let cache = CompactionCache::new(1 << 20);
+        let body = |at: usize| {
+            let mut body = vec![b'a'; 10 * KEY_EDGE_BYTES];
+            body[at] = b'b';
+            body
+        };
+        let (start, middle, end) = (
+            body(0),
+            body(5 * KEY_EDGE_BYTES),
+            body(10 * KEY_EDGE_BYTES - 1),
+        );
+        let longer = vec![b'a'; 10 * KEY_EDGE_BYTES + 1];
+        // The key reads the ends and the length...
+        let keys: Vec<_> = [&start, &end, &longer, &body(1)]
+            .iter()
+            .map(|b| key(1, Format::Chat, b))
+            .collect();
+        assert!(keys
+            .iter()
+            .all(|k| keys.iter().filter(|o| *o == k).count() == 1));
+        // ...and the compare the rest: bodies differing in the middle share
+        // a key, and each is answered only for its own bytes.
+        let plain = vec![b'a'; 10 * KEY_EDGE_BYTES];
+        assert_eq!(key(1, Format::Chat, &middle), key(1, Format::Chat, &plain));
+        cache.insert(key(1, Format::Chat, &middle), &middle, outcome());
+        assert!(get(&cache, 1, Format::Chat, &middle).is_some());
+        assert!(get(&cache, 1, Format::Chat, &plain).is_none());
     }
 
     #[test]
