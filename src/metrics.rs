@@ -81,6 +81,12 @@ struct Series {
     pass_chars: [OnceLock<IntCounter>; 3],
     input_tokens: OnceLock<IntCounter>,
     output_tokens: OnceLock<IntCounter>,
+    /// The policy's cache hits and misses, made together so a hit ratio
+    /// reads 0 rather than "no data" before the first hit.
+    cache: OnceLock<[IntCounter; 2]>,
+    /// The policy's checkpoint hits and misses (stable mode).
+    checkpoints: OnceLock<[IntCounter; 2]>,
+    stable_rebases: OnceLock<IntCounter>,
     /// `upstream_responses{route, code}` for codes 100 to 599, by code - 100.
     upstream_responses: Box<[OnceLock<IntCounter>]>,
 }
@@ -108,6 +114,9 @@ impl Series {
             pass_chars: Default::default(),
             input_tokens: OnceLock::new(),
             output_tokens: OnceLock::new(),
+            cache: OnceLock::new(),
+            checkpoints: OnceLock::new(),
+            stable_rebases: OnceLock::new(),
             upstream_responses: (100..600).map(|_| OnceLock::new()).collect(),
         }
     }
@@ -318,18 +327,6 @@ impl Metrics {
         String::from_utf8(out).expect("exposition is UTF-8")
     }
 
-    pub fn cache_lookup(&self, policy: &str, hit: bool) {
-        // Both series of the policy exist from its first lookup, so a hit
-        // ratio reads 0 rather than "no data" before the first hit.
-        let hits = self.cache_hits.with_label_values(&[policy]);
-        let misses = self.cache_misses.with_label_values(&[policy]);
-        if hit {
-            hits.inc()
-        } else {
-            misses.inc()
-        }
-    }
-
     /// Counts one configuration reload by its result
     /// ([`RELOAD_APPLIED`] or [`RELOAD_REFUSED`]).
     pub fn config_reload(&self, result: &'static str) {
@@ -387,6 +384,8 @@ pub struct RequestEvent {
     /// Stable mode: whether the replay found a checkpoint (`None`: no
     /// replay ran).
     pub checkpoint_hit: Option<bool>,
+    /// Whether the compaction cache answered (`None`: not looked up).
+    pub cache_hit: Option<bool>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -444,6 +443,7 @@ impl RequestEvent {
             format: None,
             rebased: false,
             checkpoint_hit: None,
+            cache_hit: None,
         }
     }
 
@@ -543,18 +543,35 @@ impl RequestEvent {
                 })
                 .observe(seconds);
         }
-        if let Some(hit) = self.checkpoint_hit {
-            let counter = if hit {
-                &metrics.checkpoint_hits
+        let hit_or_miss = |hit: bool,
+                           cell: &OnceLock<[IntCounter; 2]>,
+                           vecs: [&IntCounterVec; 2]| {
+            let [hits, misses] = cell.get_or_init(|| vecs.map(|v| v.with_label_values(&[policy])));
+            if hit {
+                hits.inc()
             } else {
-                &metrics.checkpoint_misses
-            };
-            counter.with_label_values(&[policy]).inc();
+                misses.inc()
+            }
+        };
+        if let Some(hit) = self.cache_hit {
+            hit_or_miss(
+                hit,
+                &series.cache,
+                [&metrics.cache_hits, &metrics.cache_misses],
+            );
+        }
+        if let Some(hit) = self.checkpoint_hit {
+            let vecs = [&metrics.checkpoint_hits, &metrics.checkpoint_misses];
+            hit_or_miss(hit, &series.checkpoints, vecs);
         }
         if self.rebased {
-            metrics
+            series
                 .stable_rebases
-                .with_label_values(&[&self.route, policy, &self.tenant])
+                .get_or_init(|| {
+                    metrics
+                        .stable_rebases
+                        .with_label_values(&[&self.route, policy, &self.tenant])
+                })
                 .inc();
         }
         if let Some(code) = self.upstream_status {
@@ -712,16 +729,17 @@ mod tests {
     #[test]
     fn exported_families_match_the_registered_ones() {
         let m = Metrics::new();
-        m.cache_lookup("p", true);
-        serially(|| event(Status::Compacted, Some(loss(0.4))).emit(&m));
+        let mut cached = event(Status::Compacted, Some(loss(0.4)));
+        cached.cache_hit = Some(true);
+        serially(|| cached.emit(&m));
         serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
         for hit in [true, false] {
             let mut stable = event(Status::Compacted, Some(loss(0.4)));
             stable.rebased = true;
             stable.checkpoint_hit = Some(hit);
+            stable.cache_hit = Some(false);
             serially(|| stable.emit(&m));
         }
-        m.cache_lookup("p", false);
         m.config_reload(RELOAD_APPLIED);
         let mut names: Vec<String> = m
             .registry
@@ -743,6 +761,8 @@ mod tests {
         assert!(text.contains("compaction_proxy_stable_rebases_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 2"));
         assert!(text.contains("compaction_proxy_checkpoint_hits_total{policy=\"p\"} 1"));
         assert!(text.contains("compaction_proxy_checkpoint_misses_total{policy=\"p\"} 1"));
+        assert!(text.contains("compaction_proxy_cache_hits_total{policy=\"p\"} 1"));
+        assert!(text.contains("compaction_proxy_cache_misses_total{policy=\"p\"} 2"));
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub(super) struct Decided {
     pub outcome: Option<Arc<Outcome>>,
     /// Time spent deciding, queueing excluded.
     pub seconds: Option<f64>,
+    /// Whether the cache answered (`None`: not looked up).
+    pub cache_hit: Option<bool>,
 }
 
 impl Decided {
@@ -51,6 +53,7 @@ impl Decided {
             status: Status::Skipped(reason),
             outcome: None,
             seconds: None,
+            cache_hit: None,
         }
     }
 }
@@ -130,11 +133,11 @@ pub(super) async fn decide(
             return Ok(Decided::skipped("internal-error"));
         }
     };
-    state.metrics.cache_lookup(&policy.name, hit);
     Ok(Decided {
         status: status_of(policy, &outcome),
         outcome: Some(outcome),
         seconds: Some(seconds),
+        cache_hit: Some(hit),
     })
 }
 

@@ -138,6 +138,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             Err(e) => return refuse(e, Some(&resolution), record),
         };
     record.compaction_seconds = decided.seconds;
+    record.cache_hit = decided.cache_hit;
     let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
         .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
