@@ -302,7 +302,10 @@ impl Upstream {
             let reused = pooled.is_some();
             let sender = match pooled {
                 Some(sender) => sender,
-                None => self.connect(pool, upgrade).await?,
+                // Boxed: opening a connection (TCP, TLS, handshake) is a
+                // 6 KB future that most requests never run, and unboxed it
+                // made every request's future that much larger to move.
+                None => Box::pin(self.connect(pool, upgrade)).await?,
             };
             let mut failed = match sender {
                 Sender::Http2(mut sender) => {
