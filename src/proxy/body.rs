@@ -721,25 +721,7 @@ mod tests {
         assert!(err.is_client_error(), "{err}");
     }
 
-    /// A body of one-byte frames with no declared length.
-    struct OneByteFrames(usize);
-
-    impl Body for OneByteFrames {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            if self.0 == 0 {
-                return Poll::Ready(None);
-            }
-            self.0 -= 1;
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
-        }
-    }
-
-    /// A body of the given frames, in order.
+    /// A body of the given frames, in order, with no declared length.
     struct Frames(std::collections::VecDeque<&'static [u8]>);
 
     impl Body for Frames {
@@ -758,8 +740,8 @@ mod tests {
         Frames(frames.iter().copied().collect())
     }
 
-    fn one_byte_frames(n: usize) -> OneByteFrames {
-        OneByteFrames(n)
+    fn one_byte_frames(n: usize) -> Frames {
+        Frames(std::iter::repeat_n(&b"x"[..], n).collect())
     }
 
     fn limits(max_bytes: usize, max_buffered: usize) -> CollectLimits {
