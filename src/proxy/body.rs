@@ -148,18 +148,32 @@ pub struct CollectLimits {
     pub max_buffered: usize,
 }
 
+/// What a request body's frames are slices of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameSource {
+    /// Its connection's own read buffer (HTTP/1): a body that comes in one
+    /// frame is kept as it came, holding only what the connection holds
+    /// anyway.
+    OwnBuffer,
+    /// A buffer shared with other streams (HTTP/2), which a small body kept
+    /// for long would hold on to, unaccounted: every frame is copied.
+    SharedBuffer,
+}
+
 /// The first allocation for a body of unknown length; it doubles from there.
 const INITIAL_CAPACITY: usize = 8 * 1024;
 
 /// Reads a whole request body into one buffer that grows by doubling (never
 /// one allocation per frame: a client sending one-byte chunks costs what it
 /// sends, not a frame header per byte), counting its capacity against
-/// `budget`. A body that comes in one frame is kept as it came; a body
-/// declaring its length is reserved at once.
+/// `budget`. A body that comes in one frame from its connection's own
+/// buffer is kept as it came; a body declaring its length is reserved at
+/// once.
 pub async fn collect_limited<B>(
     body: &mut B,
     limits: CollectLimits,
     budget: &Arc<BufferBudget>,
+    source: FrameSource,
 ) -> Result<Collected, ProxyError>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -213,24 +227,20 @@ where
         if needed > limit {
             return Err(ProxyError::BodyTooLarge { limit });
         }
-        if held == 0 {
+        if held == 0 && source == FrameSource::OwnBuffer {
             only_frame = Some(data);
             continue;
         }
-        if let Some(earlier) = only_frame.take() {
-            let capacity = first.max(needed);
-            if !hold.grow_to(capacity) {
-                return Err(ProxyError::Overloaded);
-            }
-            buffer.reserve_exact(capacity);
-            buffer.extend_from_slice(&earlier);
-        }
         if needed > buffer.capacity() {
-            let grown = needed.max(buffer.capacity() * 2).min(limit);
+            // At once the declared length (or the first block), then doubling.
+            let grown = needed.max(buffer.capacity() * 2).max(first).min(limit);
             if !hold.grow_to(grown) {
                 return Err(ProxyError::Overloaded);
             }
             buffer.reserve_exact(grown - buffer.len());
+        }
+        if let Some(earlier) = only_frame.take() {
+            buffer.extend_from_slice(&earlier);
         }
         buffer.extend_from_slice(&data);
     }
@@ -282,10 +292,15 @@ where
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         .is_some_and(|n| n > limit as u64);
+    let source = if parts.version <= http::Version::HTTP_11 {
+        FrameSource::OwnBuffer
+    } else {
+        FrameSource::SharedBuffer
+    };
     let collected = if declared_too_large {
         Err(ProxyError::BodyTooLarge { limit })
     } else {
-        collect_limited(&mut body, limits, budget).await
+        collect_limited(&mut body, limits, budget, source).await
     };
     if let Err(ProxyError::BodyTooLarge { .. } | ProxyError::Overloaded) = &collected {
         // HTTP/2 resets just the stream; only HTTP/1 needs the rest read.
@@ -756,9 +771,14 @@ mod tests {
     async fn one_byte_frames_end_in_one_buffer_the_size_of_the_body() {
         let budget = BufferBudget::new();
         let mut body = one_byte_frames(100_000);
-        let collected = collect_limited(&mut body, limits(1 << 20, 1 << 30), &budget)
-            .await
-            .unwrap();
+        let collected = collect_limited(
+            &mut body,
+            limits(1 << 20, 1 << 30),
+            &budget,
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap();
         assert_eq!(collected.bytes.len(), 100_000);
         // Grown by doubling, then shrunk: the cache weighs a kept body by
         // its length, so nothing more may stay held.
@@ -772,54 +792,101 @@ mod tests {
     async fn the_limit_counts_what_is_held_and_the_budget_what_all_hold() {
         let budget = BufferBudget::new();
         let mut body = one_byte_frames(1001);
-        let err = collect_limited(&mut body, limits(1000, 1 << 30), &budget)
-            .await
-            .unwrap_err();
+        let err = collect_limited(
+            &mut body,
+            limits(1000, 1 << 30),
+            &budget,
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, ProxyError::BodyTooLarge { limit: 1000 }));
         assert_eq!(budget.held(), 0);
 
-        let first = collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
-            .await
-            .unwrap();
-        let err = collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
-            .await
-            .unwrap_err();
+        let first = collect_limited(
+            &mut one_byte_frames(600),
+            limits(1000, 1000),
+            &budget,
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap();
+        let err = collect_limited(
+            &mut one_byte_frames(600),
+            limits(1000, 1000),
+            &budget,
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, ProxyError::Overloaded), "{err}");
         drop(first);
-        assert!(
-            collect_limited(&mut one_byte_frames(600), limits(1000, 1000), &budget)
-                .await
-                .is_ok()
-        );
+        assert!(collect_limited(
+            &mut one_byte_frames(600),
+            limits(1000, 1000),
+            &budget,
+            FrameSource::OwnBuffer
+        )
+        .await
+        .is_ok());
     }
 
     #[tokio::test]
-    async fn a_body_in_one_frame_is_kept_as_it_came() {
+    async fn a_body_in_one_frame_of_its_own_buffer_is_kept_as_it_came() {
         let budget = BufferBudget::new();
         let frame = Bytes::from(vec![b'a'; 5000]);
         let mut body = http_body_util::Full::new(frame.clone());
-        let collected = collect_limited(&mut body, limits(10_000, 1 << 30), &budget)
-            .await
-            .unwrap();
+        let collected = collect_limited(
+            &mut body,
+            limits(10_000, 1 << 30),
+            &budget,
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap();
         assert_eq!(collected.bytes.as_ptr(), frame.as_ptr(), "no copy");
         assert_eq!(collected.hold.bytes(), 5000);
         assert_eq!(budget.held(), 5000);
+        drop(collected);
+        // A frame of a buffer other streams share is copied out of it.
+        let mut body = http_body_util::Full::new(frame.clone());
+        let collected = collect_limited(
+            &mut body,
+            limits(10_000, 1 << 30),
+            &budget,
+            FrameSource::SharedBuffer,
+        )
+        .await
+        .unwrap();
+        assert_ne!(collected.bytes.as_ptr(), frame.as_ptr(), "a copy");
+        assert_eq!(collected.bytes, frame);
+        assert_eq!(collected.hold.bytes(), 5000);
     }
 
     #[tokio::test]
     async fn a_second_frame_joins_the_first_in_one_buffer() {
         let budget = BufferBudget::new();
         let mut body = frames(&[b"first ", b"", b"second"]);
-        let collected = collect_limited(&mut body, limits(12, 1 << 30), &budget)
-            .await
-            .unwrap();
+        let collected = collect_limited(
+            &mut body,
+            limits(12, 1 << 30),
+            &budget,
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap();
         assert_eq!(&collected.bytes[..], b"first second");
         assert_eq!(collected.hold.bytes(), 12);
         assert_eq!(budget.held(), 12);
         let mut body = frames(&[b"first ", b"second!"]);
-        let err = collect_limited(&mut body, limits(12, 1 << 30), &budget)
-            .await
-            .unwrap_err();
+        let err = collect_limited(
+            &mut body,
+            limits(12, 1 << 30),
+            &budget,
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, ProxyError::BodyTooLarge { limit: 12 }));
     }
 
@@ -838,9 +905,14 @@ mod tests {
         }
         let mut limits = limits(10, 10);
         limits.idle = Duration::from_millis(20);
-        let err = collect_limited(&mut Silent, limits, &BufferBudget::new())
-            .await
-            .unwrap_err();
+        let err = collect_limited(
+            &mut Silent,
+            limits,
+            &BufferBudget::new(),
+            FrameSource::OwnBuffer,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.code(), "body_timeout");
     }
 
