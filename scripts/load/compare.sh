@@ -69,6 +69,7 @@ expect_status() {
 }
 expect_status "$BODIES/small.json" unchanged
 expect_status "$BODIES/medium.json" unchanged
+expect_status "$BODIES/medium-new.json" unchanged
 expect_status "$BODIES/large.json" compacted
 
 # measure CASE THREADS CONNECTIONS BODY VARY: for each of ROUNDS rounds, each
@@ -126,6 +127,7 @@ profile_proxy() {
 
 measure small64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/small.json" 0
 measure medium64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/medium.json" 0
+measure mediumnew64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/medium-new.json" 1
 measure small1 1 1 "$BODIES/small.json" 0
 measure large1 1 1 "$BODIES/large.json" 1
 if [[ "$PERF" == 1 ]]; then
@@ -161,6 +163,7 @@ added() { awk -v a="${RESULT[$1]}" -v o="${RESULT[$2]}" 'BEGIN { printf "%+.2f m
   echo "|---|---|---|---|---|$base_rule"
   row "1 KB body, $CONNECTIONS connections" small64 rps rps
   row "20 KB body, $CONNECTIONS connections" medium64 rps rps
+  row "20 KB body, every request different (fits, parsed each time), $CONNECTIONS connections" mediumnew64 rps rps
   row "1 KB body, 1 connection, p50 added over origin" small1 p50 added
   row "1 KB body, 1 connection, p99 added over origin" small1 p99 added
   row "200 KB body, every request different (compacted cold), 1 connection, p50 added" large1 p50 added
@@ -175,9 +178,12 @@ added() { awk -v a="${RESULT[$1]}" -v o="${RESULT[$2]}" 'BEGIN { printf "%+.2f m
   echo
   echo "| case | nginx reverse proxy | compaction-proxy | ours ÷ nginx |${BASELINE_BIN:+ baseline proxy |}"
   echo "|---|---|---|---|${BASELINE_BIN:+---|}"
-  for case in small64 medium64; do
-    label="1 KB body, $CONNECTIONS connections"
-    [[ "$case" == small64 ]] || label="20 KB body, $CONNECTIONS connections"
+  for case in small64 medium64 mediumnew64; do
+    case "$case" in
+      small64) label="1 KB body, $CONNECTIONS connections" ;;
+      medium64) label="20 KB body, $CONNECTIONS connections" ;;
+      *) label="20 KB body, every request different, $CONNECTIONS connections" ;;
+    esac
     line="| $label | $(cpu "$case-nginx-cpu") | $(cpu "$case-proxy-cpu") | $(ratio "$case-proxy-cpu" "$case-nginx-cpu") |"
     [[ -z "${BASELINE_BIN:-}" ]] || line+=" $(cpu "$case-baseline-cpu") |"
     echo "$line"

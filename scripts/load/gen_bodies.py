@@ -5,11 +5,14 @@ Chat-completions bodies of about 1 KB, 20 KB and 200 KB, made of ~1 KB
 messages of English-like text (a Zipf-weighted vocabulary, fixed seed), so
 every run sends the same bytes and dedupe finds little to merge, as in real
 conversations. The 200 KB body carries the marker __NONCE__ in its last user
-message; the wrk script vary.lua replaces it with a different number on every
+message; the wrk script post.lua replaces it with a different number on every
 request, so each request misses the proxy's cache and is compacted cold.
+medium-new.json is the 20 KB body with the marker: it fits its budget but is
+new on every request, as each turn of a real conversation is, so it is parsed
+every time instead of found in the cache.
 
 Usage: gen_bodies.py OUT_DIR
-Writes small.json, medium.json, large.json (with __NONCE__), invalid.json and
+Writes small.json, medium.json, medium-new.json, large.json, invalid.json and
 sse.json (a small body with "stream": true).
 """
 
@@ -81,6 +84,11 @@ def main():
         "medium.json": conversation(rng, words, weights, 20 * 1024),
         "large.json": conversation(rng, words, weights, 200 * 1024, last_prefix="Request __NONCE__. "),
     }
+    # The 20 KB body with a marker: a conversation that fits its budget
+    # but is new on every turn, as real ones are (parsed every time).
+    medium_new = json.loads(json.dumps(bodies["medium.json"]))
+    medium_new["messages"][-1]["content"] = "Request __NONCE__. " + medium_new["messages"][-1]["content"]
+    bodies["medium-new.json"] = medium_new
     sse = conversation(rng, words, weights, 1024)
     sse["stream"] = True
     bodies["sse.json"] = sse
