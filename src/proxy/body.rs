@@ -759,6 +759,20 @@ mod tests {
         Frames(std::iter::repeat_n(&b"x"[..], n).collect())
     }
 
+    /// [`collect_limited`] for an HTTP/1 body, read from its connection's
+    /// own buffer.
+    async fn collect<B>(
+        body: &mut B,
+        limits: CollectLimits,
+        budget: &Arc<BufferBudget>,
+    ) -> Result<Collected, ProxyError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        collect_limited(body, limits, budget, FrameSource::OwnBuffer).await
+    }
+
     fn limits(max_bytes: usize, max_buffered: usize) -> CollectLimits {
         CollectLimits {
             max_bytes,
@@ -771,14 +785,9 @@ mod tests {
     async fn one_byte_frames_end_in_one_buffer_the_size_of_the_body() {
         let budget = BufferBudget::new();
         let mut body = one_byte_frames(100_000);
-        let collected = collect_limited(
-            &mut body,
-            limits(1 << 20, 1 << 30),
-            &budget,
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap();
+        let collected = collect(&mut body, limits(1 << 20, 1 << 30), &budget)
+            .await
+            .unwrap();
         assert_eq!(collected.bytes.len(), 100_000);
         // Grown by doubling, then shrunk: the cache weighs a kept body by
         // its length, so nothing more may stay held.
@@ -792,43 +801,25 @@ mod tests {
     async fn the_limit_counts_what_is_held_and_the_budget_what_all_hold() {
         let budget = BufferBudget::new();
         let mut body = one_byte_frames(1001);
-        let err = collect_limited(
-            &mut body,
-            limits(1000, 1 << 30),
-            &budget,
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap_err();
+        let err = collect(&mut body, limits(1000, 1 << 30), &budget)
+            .await
+            .unwrap_err();
         assert!(matches!(err, ProxyError::BodyTooLarge { limit: 1000 }));
         assert_eq!(budget.held(), 0);
 
-        let first = collect_limited(
-            &mut one_byte_frames(600),
-            limits(1000, 1000),
-            &budget,
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap();
-        let err = collect_limited(
-            &mut one_byte_frames(600),
-            limits(1000, 1000),
-            &budget,
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap_err();
+        let first = collect(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+            .await
+            .unwrap();
+        let err = collect(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+            .await
+            .unwrap_err();
         assert!(matches!(err, ProxyError::Overloaded), "{err}");
         drop(first);
-        assert!(collect_limited(
-            &mut one_byte_frames(600),
-            limits(1000, 1000),
-            &budget,
-            FrameSource::OwnBuffer
-        )
-        .await
-        .is_ok());
+        assert!(
+            collect(&mut one_byte_frames(600), limits(1000, 1000), &budget)
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
@@ -836,14 +827,9 @@ mod tests {
         let budget = BufferBudget::new();
         let frame = Bytes::from(vec![b'a'; 5000]);
         let mut body = http_body_util::Full::new(frame.clone());
-        let collected = collect_limited(
-            &mut body,
-            limits(10_000, 1 << 30),
-            &budget,
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap();
+        let collected = collect(&mut body, limits(10_000, 1 << 30), &budget)
+            .await
+            .unwrap();
         assert_eq!(collected.bytes.as_ptr(), frame.as_ptr(), "no copy");
         assert_eq!(collected.hold.bytes(), 5000);
         assert_eq!(budget.held(), 5000);
@@ -867,26 +853,16 @@ mod tests {
     async fn a_second_frame_joins_the_first_in_one_buffer() {
         let budget = BufferBudget::new();
         let mut body = frames(&[b"first ", b"", b"second"]);
-        let collected = collect_limited(
-            &mut body,
-            limits(12, 1 << 30),
-            &budget,
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap();
+        let collected = collect(&mut body, limits(12, 1 << 30), &budget)
+            .await
+            .unwrap();
         assert_eq!(&collected.bytes[..], b"first second");
         assert_eq!(collected.hold.bytes(), 12);
         assert_eq!(budget.held(), 12);
         let mut body = frames(&[b"first ", b"second!"]);
-        let err = collect_limited(
-            &mut body,
-            limits(12, 1 << 30),
-            &budget,
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap_err();
+        let err = collect(&mut body, limits(12, 1 << 30), &budget)
+            .await
+            .unwrap_err();
         assert!(matches!(err, ProxyError::BodyTooLarge { limit: 12 }));
     }
 
@@ -905,14 +881,9 @@ mod tests {
         }
         let mut limits = limits(10, 10);
         limits.idle = Duration::from_millis(20);
-        let err = collect_limited(
-            &mut Silent,
-            limits,
-            &BufferBudget::new(),
-            FrameSource::OwnBuffer,
-        )
-        .await
-        .unwrap_err();
+        let err = collect(&mut Silent, limits, &BufferBudget::new())
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), "body_timeout");
     }
 
