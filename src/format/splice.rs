@@ -53,9 +53,10 @@ pub(crate) fn string_at<'a>(
         return None;
     }
     // `raw` was read as valid JSON: without a backslash, the string's text
-    // is what lies between its quotes.
+    // is what lies between its quotes. (`memchr` reads 32 bytes a step
+    // where `slice::contains` reads 8: this runs over all the text.)
     let inner = &text[1..text.len() - 1];
-    if !inner.as_bytes().contains(&b'\\') {
+    if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
         return Some((span(body, text), Cow::Borrowed(inner)));
     }
     Some((span(body, text), serde_json::from_str(text).ok()?))
