@@ -28,6 +28,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::splice::{span, ArgumentsForm, Marker, WireItem};
+use super::split;
 use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -40,6 +41,15 @@ const MEDIA_BLOCKS: [&str; 2] = ["image", "document"];
 struct TopFields<'a> {
     #[serde(borrow)]
     messages: Option<Vec<&'a RawValue>>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+}
+
+/// The top level outside the messages, which [`split`] replaced by `[]`.
+#[derive(Deserialize)]
+struct Outside<'a> {
+    #[serde(borrow)]
+    messages: &'a RawValue,
     #[serde(borrow, default)]
     system: Option<&'a RawValue>,
 }
@@ -77,25 +87,60 @@ struct BlockFields<'a> {
 }
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
+    match parse_split(body, max_items) {
+        Some(parsed) => Ok(parsed),
+        None => parse_plain(body, max_items),
+    }
+}
+
+/// [`parse`] the plain way: serde reads the whole body, then each message.
+fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
     let top: TopFields = top_level(body)?;
     let items = top.messages.ok_or(Skip::NoMessages)?;
     let array_span = top_array_span(body, "messages", &items)?;
+    let system = top.system.map(system_chars);
+    let items = items.into_iter().map(RawValue::get).collect();
+    read_messages(body, items, array_span, system, max_items)
+}
+
+/// [`parse`] with the messages found by [`split`]: serde reads each byte
+/// once. `None` when anything fails, for the plain way to find out why.
+fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
+    let array = split::top_array(body, "messages")?;
+    let (outside, at) = array.outside(body);
+    let top: Outside = serde_json::from_str(&outside).ok()?;
+    if !split::confirmed(&outside, at, top.messages) {
+        return None;
+    }
+    let system = top.system.map(system_chars);
+    read_messages(body, array.elements, array.span, system, max_items).ok()
+}
+
+/// Reads the messages (`items`, each one's text in `body`) of the array at
+/// `array_span` into the neutral model; `system` is the top-level system
+/// prompt's chars when there is one (`Some(None)`: not a valid one).
+fn read_messages<'a>(
+    body: &'a str,
+    items: Vec<&'a str>,
+    array_span: std::ops::Range<usize>,
+    system: Option<Option<usize>>,
+    max_items: usize,
+) -> Result<Parsed<'a>, Skip> {
     if items.len() > max_items {
         return Err(Skip::TooManyMessages(items.len(), max_items));
     }
     let mut conversation = Conversation {
-        outside_chars: match top.system {
+        items: Vec::with_capacity(items.len()),
+        outside_chars: match system {
             None => 0,
-            Some(system) => system_chars(system).ok_or(Skip::NoMessages)?,
+            Some(chars) => chars.ok_or(Skip::NoMessages)?,
         },
-        ..Conversation::default()
     };
 
     let mut wire = Vec::with_capacity(items.len());
     // tool_use id -> group of the assistant message that made the call
     let mut open_calls: Vec<(String, u32)> = Vec::new();
     for (i, raw) in items.into_iter().enumerate() {
-        let raw = raw.get();
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -495,5 +540,50 @@ mod tests {
         ]});
         let out = compact(&body, 60, 2).expect("compacted");
         assert_eq!(out["messages"][0]["role"], "user");
+    }
+
+    /// Pieces of Messages bodies, tricky for a scan that splits the
+    /// messages (see the chat tests).
+    const PIECES: [&str; 12] = [
+        r#"{"role":"user","content":"hi ], } \" \\"}"#,
+        r#" { "role" : "assistant" , "content" : [{"type":"text","text":"é 😀 \u00e9"}] } "#,
+        r#"{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{"a":["]"]}}]}"#,
+        r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"[1, 2]"}]}"#,
+        r#"{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"AA=="}},{"type":"text","text":"x"}]}"#,
+        r#"{"role":"system","content":"x"}"#,
+        r#"{"role":"user"}"#,
+        r#"[1]"#,
+        "null",
+        r#"{"role":"user","content":"a","content":"b"}"#,
+        r#"{"role":"user","content":[{"type":"mystery"}]}"#,
+        r#"{"role":"user","content":"\\\""}"#,
+    ];
+    const TOP_FIELDS: [&str; 6] = [
+        r#""model":"claude-sonnet-4-5""#,
+        r#""system":"You are [terse], \"brief\".""#,
+        r#""system":[{"type":"text","text":"a ] b"},{"type":"text","text":"é"}]"#,
+        r#""system":5"#,
+        r#""messages":[]"#,
+        r#""max_tokens":1024"#,
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// The split way gives exactly what the plain way gives whenever it
+        /// gives anything; it is the way well-formed bodies go.
+        #[test]
+        fn the_split_way_agrees_with_the_plain_way(
+            before in proptest::collection::vec(0usize..100, 0..3),
+            messages in proptest::collection::vec(0usize..100, 0..8),
+            after in proptest::collection::vec(0usize..100, 0..3),
+            cut in proptest::option::of((0usize..1000, 0usize..6, 0usize..100)),
+            max in 3usize..10,
+        ) {
+            let (body, should_split) =
+                split::testing::body("messages", &PIECES, &TOP_FIELDS, &before, &messages, &after, cut);
+            let (split, plain) = (parse_split(&body, max), parse_plain(&body, max));
+            split::testing::agree(split, plain, should_split)?;
+        }
     }
 }

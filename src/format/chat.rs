@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::splice::{span, string_at, ArgumentsForm, WireItem};
+use super::split;
 use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -32,6 +33,13 @@ const MEDIA_PARTS: [&str; 4] = ["image_url", "input_audio", "file", "audio"];
 struct TopFields<'a> {
     #[serde(borrow)]
     messages: Option<Vec<&'a RawValue>>,
+}
+
+/// The top level outside the messages, which [`split`] replaced by `[]`.
+#[derive(Deserialize)]
+struct Outside<'a> {
+    #[serde(borrow)]
+    messages: &'a RawValue,
 }
 
 #[derive(Deserialize)]
@@ -86,20 +94,54 @@ struct PartFields<'a> {
 }
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
+    match parse_split(body, max_items) {
+        Some(parsed) => Ok(parsed),
+        None => parse_plain(body, max_items),
+    }
+}
+
+/// [`parse`] the plain way: serde reads the whole body, then each message.
+fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
     let top: TopFields = top_level(body)?;
     let items = top.messages.ok_or(Skip::NoMessages)?;
     let array_span = top_array_span(body, "messages", &items)?;
+    let items = items.into_iter().map(RawValue::get).collect();
+    read_messages(body, items, array_span, max_items)
+}
+
+/// [`parse`] with the messages found by [`split`]: serde reads each byte
+/// once. `None` when anything fails, for the plain way to find out why.
+fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
+    let array = split::top_array(body, "messages")?;
+    let (outside, at) = array.outside(body);
+    let top: Outside = serde_json::from_str(&outside).ok()?;
+    if !split::confirmed(&outside, at, top.messages) {
+        return None;
+    }
+    read_messages(body, array.elements, array.span, max_items).ok()
+}
+
+/// Reads the messages (`items`, each one's text in `body`) of the array at
+/// `array_span` into the neutral model.
+fn read_messages<'a>(
+    body: &'a str,
+    items: Vec<&'a str>,
+    array_span: std::ops::Range<usize>,
+    max_items: usize,
+) -> Result<Parsed<'a>, Skip> {
     if items.len() > max_items {
         return Err(Skip::TooManyMessages(items.len(), max_items));
     }
 
-    let mut conversation = Conversation::default();
+    let mut conversation = Conversation {
+        items: Vec::with_capacity(items.len()),
+        ..Conversation::default()
+    };
     let mut wire = Vec::with_capacity(items.len());
     // tool_call id -> group of the assistant message that made the call
     let mut open_calls: Vec<(String, u32)> = Vec::new();
     let mut function_group: Option<u32> = None;
     for (i, raw) in items.into_iter().enumerate() {
-        let raw = raw.get();
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -482,6 +524,56 @@ mod tests {
     }
 
     use regex::RegexSet;
+
+    /// Pieces of chat bodies, tricky for a scan that splits the messages:
+    /// brackets, commas and quotes inside strings, escapes, non-ASCII.
+    const PIECES: [&str; 16] = [
+        r#"{"role":"user","content":"hi"}"#,
+        r#"{"role":"assistant","content":"a ], b } \"c\" \\"}"#,
+        r#" { "role" : "system" , "content" : "é 😀 \u00e9 \n" } "#,
+        r#"{"role":"user","content":[{"type":"text","text":"x]}"},{"type":"image_url","image_url":{"url":"u"}}]}"#,
+        r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":[1]}"}}]}"#,
+        r#"{"role":"tool","tool_call_id":"c1","content":"[1, 2]"}"#,
+        r#"{"role":"user","content":"x","extra":[true,false,null,-1.5e3,{"k":[]}]}"#,
+        r#"{"role":"nobody","content":"x"}"#,
+        r#"[1]"#,
+        r#""messages""#,
+        "7",
+        r#"{"role":"user","content":"x","role":"user"}"#,
+        r#"{"role":"user","content":{"a":1}}"#,
+        "{}",
+        r#"{"role":"user","content":"\""}"#,
+        r#"{"role":"user","content":"a\\"}"#,
+    ];
+    const TOP_FIELDS: [&str; 6] = [
+        r#""model":"gpt-4o""#,
+        r#""tools":[{"type":"function","function":{"name":"messages","parameters":{"messages":[]}}}]"#,
+        r#""stream" : true"#,
+        r#""metadata":{"messages":"[\"x\"]"}"#,
+        r#""messages":[]"#,
+        r#""n":1"#,
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// The split way gives exactly what the plain way gives whenever it
+        /// gives anything, on well-formed bodies and on bodies cut or
+        /// spliced at random; and it is the way well-formed bodies go.
+        #[test]
+        fn the_split_way_agrees_with_the_plain_way(
+            before in proptest::collection::vec(0usize..100, 0..3),
+            messages in proptest::collection::vec(0usize..100, 0..8),
+            after in proptest::collection::vec(0usize..100, 0..3),
+            cut in proptest::option::of((0usize..1000, 0usize..6, 0usize..100)),
+            max in 3usize..10,
+        ) {
+            let (body, should_split) =
+                split::testing::body("messages", &PIECES, &TOP_FIELDS, &before, &messages, &after, cut);
+            let (split, plain) = (parse_split(&body, max), parse_plain(&body, max));
+            split::testing::agree(split, plain, should_split)?;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod anthropic;
 pub mod chat;
 pub mod responses;
 pub(crate) mod splice;
+pub(crate) mod split;
 
 use std::borrow::Cow;
 use std::collections::HashMap;

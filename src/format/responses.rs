@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::splice::{span, string_at, ArgumentsForm, WireItem};
+use super::split;
 use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
 use crate::engine::text::char_count;
 use crate::engine::Role;
@@ -34,6 +35,17 @@ const MEDIA_PARTS: [&str; 3] = ["input_image", "input_file", "input_audio"];
 struct TopFields<'a> {
     #[serde(borrow, default)]
     input: Option<Input<'a>>,
+    #[serde(borrow, default)]
+    instructions: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<&'a RawValue>,
+}
+
+/// The top level outside the input list, which [`split`] replaced by `[]`.
+#[derive(Deserialize)]
+struct Outside<'a> {
+    #[serde(borrow)]
+    input: &'a RawValue,
     #[serde(borrow, default)]
     instructions: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -118,22 +130,29 @@ struct PartFields<'a> {
 }
 
 pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
+    match parse_split(body, max_items) {
+        Some(parsed) => Ok(parsed),
+        None => parse_plain(body, max_items),
+    }
+}
+
+/// [`parse`] the plain way: serde reads the whole body, then each item.
+fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
     let top: TopFields = top_level(body)?;
     if top.previous_response_id.is_some_and(|p| p.get() != "null") {
         return Err(Skip::ServerState);
     }
     let input = top.input.ok_or(Skip::NoMessages)?;
-    let mut conversation = Conversation {
-        outside_chars: top.instructions.as_deref().map_or(0, char_count),
-        ..Conversation::default()
-    };
+    let instructions_chars = top.instructions.as_deref().map_or(0, char_count);
     let items = match input {
         Input::Text(text) => {
             // A single string: nothing to compact, all of it counts.
-            conversation.outside_chars += char_count(&text);
             return Ok(Parsed {
                 format: Format::Responses,
-                conversation,
+                conversation: Conversation {
+                    outside_chars: instructions_chars + char_count(&text),
+                    ..Conversation::default()
+                },
                 body,
                 array_span: top_array_span(body, "input", &[])?,
                 wire: Vec::new(),
@@ -142,9 +161,49 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
         Input::Items(items) => items,
     };
     let array_span = top_array_span(body, "input", &items)?;
+    let items = items.into_iter().map(RawValue::get).collect();
+    read_items(body, items, array_span, instructions_chars, max_items)
+}
+
+/// [`parse`] with the items found by [`split`]: serde reads each byte
+/// once. `None` when anything fails or the input is one string, for the
+/// plain way.
+fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
+    let array = split::top_array(body, "input")?;
+    let (outside, at) = array.outside(body);
+    let top: Outside = serde_json::from_str(&outside).ok()?;
+    if !split::confirmed(&outside, at, top.input)
+        || top.previous_response_id.is_some_and(|p| p.get() != "null")
+    {
+        return None;
+    }
+    let instructions_chars = top.instructions.as_deref().map_or(0, char_count);
+    read_items(
+        body,
+        array.elements,
+        array.span,
+        instructions_chars,
+        max_items,
+    )
+    .ok()
+}
+
+/// Reads the items (`items`, each one's text in `body`) of the array at
+/// `array_span` into the neutral model; `instructions_chars` count outside.
+fn read_items<'a>(
+    body: &'a str,
+    items: Vec<&'a str>,
+    array_span: std::ops::Range<usize>,
+    instructions_chars: usize,
+    max_items: usize,
+) -> Result<Parsed<'a>, Skip> {
     if items.len() > max_items {
         return Err(Skip::TooManyMessages(items.len(), max_items));
     }
+    let mut conversation = Conversation {
+        items: Vec::with_capacity(items.len()),
+        outside_chars: instructions_chars,
+    };
 
     let mut wire = Vec::with_capacity(items.len());
     // call_id -> group of the model turn that made the call
@@ -154,7 +213,6 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
     // Reasoning items waiting for the item they belong with.
     let mut reasoning: Vec<usize> = Vec::new();
     for (i, raw) in items.into_iter().enumerate() {
-        let raw = raw.get();
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -370,5 +428,50 @@ mod tests {
                 .reason(),
             "unsupported-message"
         );
+    }
+
+    /// Pieces of Responses bodies, tricky for a scan that splits the
+    /// items (see the chat tests).
+    const PIECES: [&str; 11] = [
+        r#"{"role":"user","content":"hi ], } \" \\"}"#,
+        r#" { "type" : "message", "role" : "assistant" , "content" : [{"type":"output_text","text":"é 😀 \u00e9"}] } "#,
+        r#"{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":[\"]\"]}"}"#,
+        r#"{"type":"function_call_output","call_id":"c1","output":"[1, 2]"}"#,
+        r#"{"type":"reasoning","id":"r1","summary":[]}"#,
+        r#"{"role":"user","content":[{"type":"input_image","image_url":"data:,"},{"type":"input_text","text":"x"}]}"#,
+        r#"{"type":"mystery"}"#,
+        r#"[1]"#,
+        "null",
+        r#"{"role":"user","content":"a","content":"b"}"#,
+        r#"{"role":"user","content":"\\\""}"#,
+    ];
+    const TOP_FIELDS: [&str; 7] = [
+        r#""model":"gpt-5""#,
+        r#""instructions":"Be [terse], \"brief\".""#,
+        r#""instructions":5"#,
+        r#""previous_response_id":"resp_1""#,
+        r#""previous_response_id":null"#,
+        r#""input":"one string""#,
+        r#""tools":[{"type":"function","name":"input","parameters":{"input":[]}}]"#,
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// The split way gives exactly what the plain way gives whenever it
+        /// gives anything; it is the way well-formed bodies go.
+        #[test]
+        fn the_split_way_agrees_with_the_plain_way(
+            before in proptest::collection::vec(0usize..100, 0..3),
+            items in proptest::collection::vec(0usize..100, 0..8),
+            after in proptest::collection::vec(0usize..100, 0..3),
+            cut in proptest::option::of((0usize..1000, 0usize..6, 0usize..100)),
+            max in 3usize..10,
+        ) {
+            let (body, should_split) =
+                split::testing::body("input", &PIECES, &TOP_FIELDS, &before, &items, &after, cut);
+            let (split, plain) = (parse_split(&body, max), parse_plain(&body, max));
+            split::testing::agree(split, plain, should_split)?;
+        }
     }
 }
