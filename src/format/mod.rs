@@ -4,7 +4,8 @@
 //! Every format does the same three things, which is the whole interface:
 //! 1. **parse** the body into a [`Parsed`]: the neutral [`Conversation`]
 //!    (roles, text, fixed chars, tool groups, tool calls and results) plus
-//!    where each item sits in the original bytes;
+//!    where each item sits in the original bytes; [`split`] finds the
+//!    items so that serde reads each byte once;
 //! 2. **count**: [`Conversation::total_chars`];
 //! 3. **splice** a [`Plan`] (which items survive, with what text) back into
 //!    the original bytes ([`Parsed::splice`], shared by all formats in
