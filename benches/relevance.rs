@@ -106,6 +106,25 @@ impl relevance::AnalysisCache for FillsAfterwards {
     }
 }
 
+impl compaction_proxy::engine::word_lists::WordListCache for FillsAfterwards {
+    fn word_lists_enabled(&self) -> bool {
+        false
+    }
+    fn history_words(
+        &self,
+        _: u128,
+    ) -> Option<std::sync::Arc<compaction_proxy::engine::word_lists::HistoryWords>> {
+        None
+    }
+    fn put_history_words(
+        &self,
+        _: u128,
+        _: std::sync::Arc<compaction_proxy::engine::word_lists::HistoryWords>,
+    ) {
+    }
+    fn remove_history_words(&self, _: u128) {}
+}
+
 fn cost(c: &mut Criterion) {
     let history = history_of(200 * 1024);
     // The turn after `history`: an answer and a new question, about

@@ -18,6 +18,7 @@ use rustc_hash::FxHashSet;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
 use crate::engine::relevance::{self, AnalysisCache, CachedAnalysis};
+use crate::engine::word_lists::{HistoryWords, WordListCache};
 use crate::format::Format;
 pub use crate::outcome::Outcome;
 
@@ -161,12 +162,14 @@ impl Checkpoints for CheckpointStore {
     }
 }
 
-/// Relevance scoring's per-message analyses (`scoring = "relevance"`),
-/// keyed by a hash of the message text, shared by every policy of one
-/// configuration: a new turn of a conversation analyses only its new
-/// messages. Bounded in bytes by moka (`cache.relevance_max_bytes`);
-/// emptied on reload with the configuration that holds it. Only an
-/// accelerator: a miss costs the analysis, never a different result.
+/// Relevance scoring's per-message analyses (`scoring = "relevance"`) and
+/// every message's word list (the drop score's words, any scoring), keyed
+/// by a hash of the message text, shared by every policy of one
+/// configuration: a new turn of a conversation analyses and reads only its
+/// new messages. Each kind bounded in bytes by moka
+/// (`cache.relevance_max_bytes`, `cache.word_lists_max_bytes`); emptied on
+/// reload with the configuration that holds it. Only an accelerator: a
+/// miss costs the analysis, never a different result.
 ///
 /// A conversation's first turn is scored without analyses (counting from
 /// the text is faster than analysing it) and its analyses are made after
@@ -181,6 +184,9 @@ pub struct AnalysisStore {
     /// keyed at random, as the keys are hashes of client text: an unkeyed
     /// fold would let a client search out texts whose keys share a place.
     analyses: Option<Cache<u128, CachedAnalysis, foldhash::fast::RandomState>>,
+    /// Each history's word lists for the drop score (every scoring), keyed
+    /// by the chain of its messages' hashes (`cache.word_lists_max_bytes`).
+    word_lists: Option<Cache<u128, Arc<HistoryWords>, foldhash::fast::RandomState>>,
     /// The histories (by their last prefix key) being analysed after
     /// their request: one request scores its history several times (the
     /// agent passes, each token-budget round), and a history is filled
@@ -225,21 +231,47 @@ impl AnalysisStore {
         });
         AnalysisStore {
             analyses,
+            word_lists: None,
             filling: Arc::default(),
         }
+    }
+
+    /// Keeps messages' word lists too, in at most `max_bytes` (0: none).
+    pub fn with_word_lists(mut self, max_bytes: u64) -> Self {
+        self.word_lists = (max_bytes > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, words: &Arc<HistoryWords>| words.weight())
+                // Read by the conversation's next turns: as for analyses,
+                // frequency-based admission would turn most away.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .build_with_hasher(foldhash::fast::RandomState::default())
+        });
+        self
     }
 
     pub fn clear(&self) {
         if let Some(analyses) = &self.analyses {
             analyses.invalidate_all();
         }
+        if let Some(lists) = &self.word_lists {
+            lists.invalidate_all();
+        }
     }
 
-    /// Bytes held now (after pending evictions run).
+    /// Bytes the relevance analyses hold now (after pending evictions run).
     pub fn weighted_size(&self) -> u64 {
         self.analyses.as_ref().map_or(0, |a| {
             a.run_pending_tasks();
             a.weighted_size()
+        })
+    }
+
+    /// Bytes the word lists hold now (after pending evictions run).
+    pub fn word_lists_weighted_size(&self) -> u64 {
+        self.word_lists.as_ref().map_or(0, |lists| {
+            lists.run_pending_tasks();
+            lists.weighted_size()
         })
     }
 }
@@ -248,7 +280,30 @@ impl std::fmt::Debug for AnalysisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AnalysisStore")
             .field("enabled", &self.analyses.is_some())
+            .field("word_lists", &self.word_lists.is_some())
             .finish()
+    }
+}
+
+impl WordListCache for AnalysisStore {
+    fn word_lists_enabled(&self) -> bool {
+        self.word_lists.is_some()
+    }
+
+    fn history_words(&self, key: u128) -> Option<Arc<HistoryWords>> {
+        self.word_lists.as_ref()?.get(&key)
+    }
+
+    fn put_history_words(&self, key: u128, words: Arc<HistoryWords>) {
+        if let Some(lists) = &self.word_lists {
+            lists.insert(key, words);
+        }
+    }
+
+    fn remove_history_words(&self, key: u128) {
+        if let Some(lists) = &self.word_lists {
+            lists.invalidate(&key);
+        }
     }
 }
 
@@ -555,5 +610,25 @@ mod tests {
             store.weighted_size()
         );
         assert!(store.weighted_size() > 0);
+    }
+
+    #[test]
+    fn word_lists_stay_within_their_bound_and_apart_from_analyses() {
+        use crate::engine::{compact_cached, Policy};
+        let store = AnalysisStore::new(1 << 20).with_word_lists(64 * 1024);
+        assert!(!AnalysisStore::new(1 << 20).word_lists_enabled());
+        for turn in 0..200 {
+            let messages: Vec<Message> = (0..4)
+                .map(|i| {
+                    let words: String = (0..60).map(|w| format!("w{turn}x{i}x{w} ")).collect();
+                    Message::new(Role::User, words)
+                })
+                .collect();
+            compact_cached(&messages, &Policy::with_budget(100), &store);
+        }
+        let held = store.word_lists_weighted_size();
+        assert!(held > 0 && held <= 64 * 1024, "{held}");
+        // Seed scoring reads words, never relevance analyses.
+        assert_eq!(store.weighted_size(), 0);
     }
 }

@@ -140,6 +140,11 @@ pub struct CacheConfig {
     /// text), so a new turn analyses only its new messages; 0 turns the
     /// cache off, which only makes every turn analyse its whole history.
     pub relevance_max_bytes: u64,
+    /// Bytes of each message's word list for the drop score (its distinct
+    /// words and their counts, about twice the text's bytes), so a new turn
+    /// reads only its new messages' words; 0 turns the cache off, which
+    /// only makes every compaction read its whole history.
+    pub word_lists_max_bytes: u64,
 }
 
 impl Default for CacheConfig {
@@ -148,6 +153,7 @@ impl Default for CacheConfig {
             max_bytes: 64 * 1024 * 1024,
             checkpoint_max_bytes: 16 * 1024 * 1024,
             relevance_max_bytes: 32 * 1024 * 1024,
+            word_lists_max_bytes: 32 * 1024 * 1024,
         }
     }
 }

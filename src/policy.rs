@@ -369,7 +369,10 @@ impl Runtime {
             }),
         };
 
-        let analyses = Arc::new(AnalysisStore::new(config.cache.relevance_max_bytes));
+        let analyses = Arc::new(
+            AnalysisStore::new(config.cache.relevance_max_bytes)
+                .with_word_lists(config.cache.word_lists_max_bytes),
+        );
         let mut policies = HashMap::new();
         for (name, p) in &config.policies {
             match compile_policy(name, p, &analyses) {

@@ -328,7 +328,7 @@ mod tests {
                 Message::new(role, text.join(" "))
             })
             .collect();
-        let scores = Scores::new(&messages);
+        let scores = Scores::new(&messages, &crate::engine::NoCaches);
         let words: usize = scores.word_sets.iter().map(Vec::len).sum();
         let limit = candidate_visit_limit(messages.len(), words);
         assert!(limit <= 16 * 13 * 20_000, "linear in the words: {limit}");

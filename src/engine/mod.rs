@@ -32,6 +32,7 @@ mod report;
 mod score;
 pub mod text;
 mod trim;
+pub mod word_lists;
 
 use serde::{Deserialize, Serialize};
 
@@ -280,27 +281,56 @@ impl<'a> Working<'a> {
     }
 }
 
-/// Compacts `messages` to `policy.budget_chars` and reports every decision.
-pub fn compact(messages: &[Message], policy: &Policy) -> Report {
-    compact_cached(messages, policy, &relevance::NoAnalyses)
+/// The caches of earlier requests' work the engine reads through: each
+/// message's relevance analysis ([`relevance::AnalysisCache`]) and word list
+/// ([`word_lists::WordListCache`]). Only accelerators: the report is the
+/// same with any caches or none.
+pub trait Caches: relevance::AnalysisCache + word_lists::WordListCache {}
+
+impl<T: relevance::AnalysisCache + word_lists::WordListCache + ?Sized> Caches for T {}
+
+/// No caches: every request reads all its messages.
+pub struct NoCaches;
+
+impl relevance::AnalysisCache for NoCaches {
+    fn enabled(&self) -> bool {
+        false
+    }
+    fn get(&self, _: u128) -> Option<relevance::CachedAnalysis> {
+        None
+    }
+    fn put(&self, _: u128, _: relevance::CachedAnalysis) {}
 }
 
-/// [`compact`], with relevance scoring's per-message analyses looked up in
-/// and added to `analyses` (see [`relevance::analyze_cached`]); the report
-/// is the same with any cache or none.
-pub fn compact_cached(
-    messages: &[Message],
-    policy: &Policy,
-    analyses: &dyn relevance::AnalysisCache,
-) -> Report {
+impl word_lists::WordListCache for NoCaches {
+    fn word_lists_enabled(&self) -> bool {
+        false
+    }
+    fn history_words(&self, _: u128) -> Option<std::sync::Arc<word_lists::HistoryWords>> {
+        None
+    }
+    fn put_history_words(&self, _: u128, _: std::sync::Arc<word_lists::HistoryWords>) {}
+    fn remove_history_words(&self, _: u128) {}
+}
+
+/// Compacts `messages` to `policy.budget_chars` and reports every decision.
+pub fn compact(messages: &[Message], policy: &Policy) -> Report {
+    compact_cached(messages, policy, &NoCaches)
+}
+
+/// [`compact`], with earlier requests' work looked up in and added to
+/// `caches`: relevance scoring's per-message analyses (see
+/// [`relevance::analyze_cached`]) and each message's word list (see
+/// [`word_lists`]); the report is the same with any caches or none.
+pub fn compact_cached(messages: &[Message], policy: &Policy, caches: &dyn Caches) -> Report {
     let relevance = match &policy.scoring {
         ScoringMethod::Seed => None,
         ScoringMethod::Relevance(r) => Some((
-            relevance::analyze_cached(messages, r.goal.as_deref(), analyses),
+            relevance::analyze_cached(messages, r.goal.as_deref(), caches),
             r,
         )),
     };
-    let mut scores = score::Scores::new(messages);
+    let mut scores = score::Scores::new(messages, caches);
     if let Some((found, _)) = &relevance {
         scores.add(RELEVANCE_WEIGHT, &found.relevance);
     }

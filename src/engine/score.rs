@@ -1,7 +1,8 @@
 //! Word analysis shared by dedupe and drop: each message's word set, the
 //! topic terms of the whole history, and each message's score.
 
-use super::text::{self, Vocabulary};
+use super::text::Vocabulary;
+use super::word_lists::{read_words, WordListCache};
 use super::{Message, WEIGHTS};
 
 /// How many of the most frequent long words are topic terms.
@@ -19,23 +20,15 @@ pub(super) struct Scores {
 }
 
 impl Scores {
-    pub fn new(messages: &[Message]) -> Self {
+    /// The scores of `messages`, their words read through `lists` (word
+    /// lists kept from earlier requests: the same scores, sooner).
+    pub fn new(messages: &[Message], lists: &dyn WordListCache) -> Self {
         // Varied English text brings a new word every 60 to 100 bytes.
         let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
         let mut vocab = Vocabulary::with_capacity(bytes / 64);
-        let mut buf = Vec::new();
         let mut counts: Vec<u32> = Vec::new();
-        let mut word_sets = Vec::with_capacity(messages.len());
-        let mut sets = text::WordSets::new();
-        for m in messages {
-            buf.clear();
-            vocab.words_of(&m.content, &mut buf);
-            counts.resize(vocab.len(), 0);
-            for &id in &buf {
-                counts[id as usize] += 1;
-            }
-            word_sets.push(sets.of(&buf, vocab.len()));
-        }
+        let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let word_sets = read_words(&texts, &mut vocab, &mut counts, lists);
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)
             .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)

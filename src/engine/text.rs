@@ -56,6 +56,8 @@ pub struct Vocabulary {
     spans: Vec<(u32, u32)>,
     /// Chars of each word, cached because topic terms filter on it.
     word_chars: Vec<u32>,
+    /// Each word packed ([`pack`]) when short, 0 when long.
+    packed: Vec<u128>,
 }
 
 impl Vocabulary {
@@ -69,6 +71,7 @@ impl Vocabulary {
             text: String::with_capacity(words * 8),
             spans: Vec::with_capacity(words),
             word_chars: Vec::with_capacity(words),
+            packed: Vec::with_capacity(words),
         }
     }
 
@@ -119,14 +122,15 @@ impl Vocabulary {
         let start = self.text.len();
         self.text.push_str(word);
         self.text[start..].make_ascii_lowercase();
-        let id = self.push_span(start, char_count(word));
+        let id = self.push_span(start, char_count(word), key);
         let hasher = &self.hasher;
         self.short
             .insert_unique(hash, (key, id), |&(k, _)| hasher.hash_one(k));
         id
     }
 
-    fn intern_long(&mut self, word: &str) -> u32 {
+    /// The id of a word longer than [`SHORT_WORD_BYTES`], interned if new.
+    pub(super) fn intern_long(&mut self, word: &str) -> u32 {
         let hash = self.hasher.hash_one(word);
         let Vocabulary {
             table, text, spans, ..
@@ -158,16 +162,39 @@ impl Vocabulary {
     fn push(&mut self, word: &str) -> u32 {
         let start = self.text.len();
         self.text.push_str(word);
-        self.push_span(start, char_count(word))
+        self.push_span(start, char_count(word), 0)
     }
 
-    /// Records the word that ends `text`, from `start`; returns its id.
-    fn push_span(&mut self, start: usize, chars: usize) -> u32 {
+    /// Records the word that ends `text`, from `start`, packed in `packed`
+    /// (0: too long to pack); returns its id.
+    fn push_span(&mut self, start: usize, chars: usize, packed: u128) -> u32 {
         let id = self.spans.len() as u32;
         // Bodies are capped far below 4 GiB, so spans fit in u32.
         self.spans.push((start as u32, self.text.len() as u32));
         self.word_chars.push(chars as u32);
+        self.packed.push(packed);
         id
+    }
+
+    /// Word `id` packed by [`pack`], or 0 when it is too long to pack: word
+    /// lists keep words by it (see [`super::word_lists`]).
+    pub(super) fn packed(&self, id: u32) -> u128 {
+        self.packed[id as usize]
+    }
+
+    /// The id of the short word packed in `key` (by [`pack`]), interned if
+    /// new.
+    pub(super) fn intern_packed(&mut self, key: u128) -> u32 {
+        let hash = self.hasher.hash_one(key);
+        if let Some(&(_, id)) = self.short.find(hash, |&(k, _)| k == key) {
+            return id;
+        }
+        // Unpacked only when new. Words have no NUL: the padding starts at
+        // the first zero.
+        let len = SHORT_WORD_BYTES - key.leading_zeros() as usize / 8;
+        let bytes = key.to_le_bytes();
+        let word = std::str::from_utf8(&bytes[..len]).unwrap_or_default();
+        self.insert_short(key, hash, word)
     }
 
     /// Appends the ids of the words of `text`, in order, to `out`.

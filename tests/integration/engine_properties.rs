@@ -14,8 +14,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use compaction_proxy::cache::AnalysisStore;
 use compaction_proxy::engine::{
-    compact, Cut, Kept, Message, Policy, ProtectedBecause, Report, Role,
+    compact, compact_cached, Cut, Kept, Message, Policy, ProtectedBecause, Report, Role,
 };
 use proptest::collection::SizeRange;
 use proptest::prelude::*;
@@ -288,6 +289,23 @@ fn check_accounting(input: &[Message], report: &Report) -> Result<(), TestCaseEr
 
 proptest! {
     #![proptest_config(config())]
+
+    /// Word lists kept from earlier requests change nothing: every turn of
+    /// a conversation compacted through one store (its history's lists
+    /// kept by the turns before) reports exactly what it reports alone.
+    #[test]
+    fn word_lists_kept_from_earlier_turns_change_nothing(
+        (input, policy) in conversation(),
+        new_messages in 1usize..4,
+    ) {
+        let store = AnalysisStore::new(0).with_word_lists(1 << 20);
+        let earlier = &input[..input.len().saturating_sub(new_messages).max(1)];
+        for turn in [earlier, &input[..], earlier] {
+            let alone = serde_json::to_string(&compact(turn, &policy)).unwrap();
+            let cached = serde_json::to_string(&compact_cached(turn, &policy, &store)).unwrap();
+            prop_assert_eq!(cached, alone);
+        }
+    }
 
     /// Every returned content is a prefix of the input content at its index,
     /// and `kept == Trimmed` exactly when it is shorter.
