@@ -140,10 +140,11 @@ pub struct CacheConfig {
     /// text), so a new turn analyses only its new messages; 0 turns the
     /// cache off, which only makes every turn analyse its whole history.
     pub relevance_max_bytes: u64,
-    /// Bytes of each message's word list for the drop score (its distinct
-    /// words and their counts, about twice the text's bytes), so a new turn
-    /// reads only its new messages' words; 0 turns the cache off, which
-    /// only makes every compaction read its whole history.
+    /// Bytes of each history's word lists for the drop score (every
+    /// message's distinct words and their counts, about twice the text's
+    /// bytes), so a new turn reads only its new messages' words; 0 turns
+    /// the cache off, which only makes every compaction read its whole
+    /// history.
     pub word_lists_max_bytes: u64,
 }
 
