@@ -71,6 +71,7 @@ expect_status "$BODIES/small.json" unchanged
 expect_status "$BODIES/medium.json" unchanged
 expect_status "$BODIES/medium-new.json" unchanged
 expect_status "$BODIES/large.json" compacted
+expect_status "$BODIES/large-allnew.json" compacted
 
 # measure CASE THREADS CONNECTIONS BODY VARY: for each of ROUNDS rounds, each
 # target in turn: warm-up, then the measured run. Rounds interleave the
@@ -130,6 +131,7 @@ measure medium64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/medium.json" 0
 measure mediumnew64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/medium-new.json" 1
 measure small1 1 1 "$BODIES/small.json" 0
 measure large1 1 1 "$BODIES/large.json" 1
+measure largenew1 1 1 "$BODIES/large-allnew.json" 1
 if [[ "$PERF" == 1 ]]; then
   profile_proxy proxy "$PROXY_PID" perf
   [[ -z "${BASELINE_BIN:-}" ]] || profile_proxy baseline "$BASELINE_PID" perf-baseline
@@ -166,8 +168,10 @@ added() { awk -v a="${RESULT[$1]}" -v o="${RESULT[$2]}" 'BEGIN { printf "%+.2f m
   row "20 KB body, every request different (fits, parsed each time), $CONNECTIONS connections" mediumnew64 rps rps
   row "1 KB body, 1 connection, p50 added over origin" small1 p50 added
   row "1 KB body, 1 connection, p99 added over origin" small1 p99 added
-  row "200 KB body, every request different (compacted cold), 1 connection, p50 added" large1 p50 added
+  row "200 KB body, a new last message every request (compacted; the history as the request before), 1 connection, p50 added" large1 p50 added
   row "same, p99 added" large1 p99 added
+  row "200 KB body, every message new every request (compacted; a history never seen), 1 connection, p50 added" largenew1 p50 added
+  row "same, p99 added" largenew1 p99 added
   echo
   echo "errors (socket errors + non-2xx, all runs): $ERRORS; the origin column of latency rows is the origin's own figure"
   echo

@@ -6,14 +6,17 @@ messages of English-like text (a Zipf-weighted vocabulary, fixed seed), so
 every run sends the same bytes and dedupe finds little to merge, as in real
 conversations. The 200 KB body carries the marker __NONCE__ in its last user
 message; the wrk script post.lua replaces it with a different number on every
-request, so each request misses the proxy's cache and is compacted cold.
+request, so each request misses the proxy's cache and is compacted, its
+history the same as the request before (as a conversation's next turn).
+large-allnew.json has the marker in every message: no request's history was
+seen before (as a conversation's first compaction).
 medium-new.json is the 20 KB body with the marker: it fits its budget but is
 new on every request, as each turn of a real conversation is, so it is parsed
 every time instead of found in the cache.
 
 Usage: gen_bodies.py OUT_DIR
-Writes small.json, medium.json, medium-new.json, large.json, invalid.json and
-sse.json (a small body with "stream": true).
+Writes small.json, medium.json, medium-new.json, large.json, large-allnew.json,
+invalid.json and sse.json (a small body with "stream": true).
 """
 
 import json
@@ -89,6 +92,13 @@ def main():
     medium_new = json.loads(json.dumps(bodies["medium.json"]))
     medium_new["messages"][-1]["content"] = "Request __NONCE__. " + medium_new["messages"][-1]["content"]
     bodies["medium-new.json"] = medium_new
+    # The 200 KB body with a marker in every message: a history no earlier
+    # request sent, as a conversation's first compaction is (large.json
+    # changes only its last message, as a conversation's next turn does).
+    large_new = json.loads(json.dumps(bodies["large.json"]))
+    for message in large_new["messages"][:-1]:
+        message["content"] = "Note __NONCE__. " + message["content"]
+    bodies["large-allnew.json"] = large_new
     sse = conversation(rng, words, weights, 1024)
     sse["stream"] = True
     bodies["sse.json"] = sse

@@ -1,6 +1,6 @@
 -- wrk script: POST the file named by $LOAD_BODY as a chat-completions body,
 -- and print one machine-readable RESULT line at the end (latency in µs).
--- With $LOAD_VARY=1 the marker __NONCE__ in the body is replaced by a number
+-- With $LOAD_VARY=1 every marker __NONCE__ in the body is replaced by a number
 -- that differs on every request (and on every run, through $LOAD_SALT), so no
 -- request hits the proxy's cache: each one is compacted cold.
 
@@ -18,10 +18,18 @@ end
 
 local vary = os.getenv("LOAD_VARY") == "1"
 local salt = os.getenv("LOAD_SALT") or tostring(os.time())
-local before, after
+-- The body cut at every marker: each one gets the same number.
+local parts = {}
 if vary then
-  before, after = body:match("^(.-)__NONCE__(.*)$")
-  assert(before, "LOAD_VARY=1 but the body has no __NONCE__ marker")
+  local at = 1
+  while true do
+    local from, to = body:find("__NONCE__", at, true)
+    if not from then break end
+    parts[#parts + 1] = body:sub(at, from - 1)
+    at = to + 1
+  end
+  parts[#parts + 1] = body:sub(at)
+  assert(#parts > 1, "LOAD_VARY=1 but the body has no __NONCE__ marker")
 end
 
 -- One id per wrk thread, so threads never send the same body.
@@ -37,7 +45,8 @@ if vary then
   local counter = 0
   function request()
     counter = counter + 1
-    return wrk.format(nil, nil, nil, before .. salt .. "-" .. (thread_id or 0) .. "-" .. counter .. after)
+    local nonce = salt .. "-" .. (thread_id or 0) .. "-" .. counter
+    return wrk.format(nil, nil, nil, table.concat(parts, nonce))
   end
 end
 
