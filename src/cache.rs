@@ -163,7 +163,7 @@ impl Checkpoints for CheckpointStore {
 }
 
 /// Relevance scoring's per-message analyses (`scoring = "relevance"`) and
-/// every message's word list (the drop score's words, any scoring), keyed
+/// each history's words (what the drop score read, any scoring), keyed
 /// by a hash of the message text, shared by every policy of one
 /// configuration: a new turn of a conversation analyses and reads only its
 /// new messages. Each kind bounded in bytes by moka
@@ -184,8 +184,9 @@ pub struct AnalysisStore {
     /// keyed at random, as the keys are hashes of client text: an unkeyed
     /// fold would let a client search out texts whose keys share a place.
     analyses: Option<Cache<u128, CachedAnalysis, foldhash::fast::RandomState>>,
-    /// Each history's word lists for the drop score (every scoring), keyed
-    /// by the chain of its messages' hashes (`cache.word_lists_max_bytes`).
+    /// What reading each history's words gave, for the drop score (every
+    /// scoring), keyed by the chain of its messages' hashes
+    /// (`cache.word_lists_max_bytes`).
     word_lists: Option<Cache<u128, Arc<HistoryWords>, foldhash::fast::RandomState>>,
     /// The histories (by their last prefix key) being analysed after
     /// their request: one request scores its history several times (the
@@ -236,7 +237,7 @@ impl AnalysisStore {
         }
     }
 
-    /// Keeps messages' word lists too, in at most `max_bytes` (0: none).
+    /// Keeps histories' words too, in at most `max_bytes` (0: none).
     pub fn with_word_lists(mut self, max_bytes: u64) -> Self {
         self.word_lists = (max_bytes > 0).then(|| {
             Cache::builder()
@@ -267,7 +268,7 @@ impl AnalysisStore {
         })
     }
 
-    /// Bytes the word lists hold now (after pending evictions run).
+    /// Bytes the histories' words hold now (after pending evictions run).
     pub fn word_lists_weighted_size(&self) -> u64 {
         self.word_lists.as_ref().map_or(0, |lists| {
             lists.run_pending_tasks();

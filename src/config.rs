@@ -140,8 +140,8 @@ pub struct CacheConfig {
     /// text), so a new turn analyses only its new messages; 0 turns the
     /// cache off, which only makes every turn analyse its whole history.
     pub relevance_max_bytes: u64,
-    /// Bytes of each history's word lists for the drop score (every
-    /// message's distinct words and their counts, about twice the text's
+    /// Bytes of what reading each history's words for the drop score gave
+    /// (its vocabulary, counts and word sets: usually under the text's
     /// bytes), so a new turn reads only its new messages' words; 0 turns
     /// the cache off, which only makes every compaction read its whole
     /// history.

@@ -1,21 +1,18 @@
-//! Each message's words, kept across requests.
+//! What reading a history's words gave, kept for its next turn.
 //!
 //! Every turn of a conversation sends its whole history again, and the
 //! drop score reads every message's words on every request: for a 200 KB
 //! history, finding and interning its words is two fifths of a compaction.
-//! A message's [`WordList`] (its distinct words in the order first seen,
-//! each with its count) is all that reading gives, so lists kept from an
-//! earlier turn stand in for reading the texts again; only interning the
-//! distinct words into the run's [`Vocabulary`] is left.
+//! What that reading leaves is small: the vocabulary (a few thousand
+//! words, in the order first seen), each word's count, and each message's
+//! word set as ids. A [`HistoryWords`] keeps it for a history's messages
+//! but the last (the one a new turn or a retry changes), keyed by the chain
+//! of their hashes; the next turn finds it with a lookup or two, interns the
+//! vocabulary in order, copies the rest, and reads only its new messages.
+//! Its own entry then replaces the earlier one.
 //!
-//! Lists are kept per history, not per message: one cache entry holds the
-//! lists of a request's messages ([`HistoryWords`]), keyed by the chain of
-//! its messages' hashes, and the next turn finds it with a lookup or two
-//! (its history is the earlier one plus a few messages). A request whose
-//! history nothing holds pays one insert, not one per message.
-//!
-//! A cache is only an accelerator: interning a list's words in its order
-//! gives every word the id that reading the text would (ids go to words in
+//! A cache is only an accelerator: interning the vocabulary in its order
+//! gives every word the id that reading the texts would (ids go to words in
 //! the order first seen), so the report is the same with a cache or none.
 
 use std::sync::Arc;
@@ -29,128 +26,125 @@ use super::text::{Vocabulary, WordSets};
 /// calls and results.
 const HISTORY_PROBES: usize = 8;
 
-/// Bumped when what a list holds changes, so no stale list is ever read.
+/// Bumped when what an entry holds changes, so no stale entry is ever read.
 const WORD_LIST_VERSION: u64 = 1;
-
-/// One message's words: each distinct word in the order first seen, with
-/// how often it occurs. 20 bytes a word (a 1 KB message has about 100
-/// distinct words), plus the text of words too long to pack.
-#[derive(Debug, PartialEq, Eq)]
-pub struct WordList {
-    /// Each word packed ([`Vocabulary::packed`]), or 0 for the next of
-    /// `long` (no word packs to 0: words are not empty).
-    keys: Box<[u128]>,
-    counts: Box<[u32]>,
-    long: Box<[Box<str>]>,
-}
-
-impl WordList {
-    /// The list of a message whose word ids (in order, repeats included)
-    /// are `ids`, with `set` their distinct ids in the order first seen.
-    fn of(ids: &[u32], set: &[u32], vocab: &Vocabulary, tally: &mut Vec<u32>) -> Self {
-        if tally.len() < vocab.len() {
-            tally.resize(vocab.len(), 0);
-        }
-        for &id in ids {
-            tally[id as usize] += 1;
-        }
-        let keys: Box<[u128]> = set.iter().map(|&id| vocab.packed(id)).collect();
-        let counts = set
-            .iter()
-            .map(|&id| std::mem::take(&mut tally[id as usize]))
-            .collect();
-        let long = set
-            .iter()
-            .zip(&keys)
-            .filter(|(_, &key)| key == 0)
-            .map(|(&id, _)| vocab.word(id).into())
-            .collect();
-        WordList { keys, counts, long }
-    }
-
-    /// Interns the words in order into `vocab`, calling `each` with each
-    /// one's id and count.
-    fn intern(&self, vocab: &mut Vocabulary, mut each: impl FnMut(u32, u32)) {
-        let mut long = self.long.iter();
-        for (&key, &count) in self.keys.iter().zip(self.counts.iter()) {
-            let id = match key {
-                0 => vocab.intern_long(long.next().map_or("", |w| w)),
-                key => vocab.intern_packed(key),
-            };
-            each(id, count);
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    /// Bytes the list holds, for a cache's weigher.
-    pub fn weight(&self) -> u32 {
-        let long: usize = self
-            .long
-            .iter()
-            .map(|w| std::mem::size_of::<Box<str>>() + w.len())
-            .sum();
-        let bytes = std::mem::size_of::<Self>() + self.keys.len() * (16 + 4) + long;
-        u32::try_from(bytes).unwrap_or(u32::MAX)
-    }
-}
 
 /// The hash of a message's text, chained into its history's key.
 fn message_key(text: &str) -> u128 {
     xxh3_128(text.as_bytes()) ^ u128::from(WORD_LIST_VERSION) << 64
 }
 
-/// The word lists of a history's messages, in order.
+/// What reading the words of a history's first [`HistoryWords::len`]
+/// messages gave: about 130 KB for a 200 KB history.
 #[derive(Debug)]
 pub struct HistoryWords {
-    lists: Box<[Arc<WordList>]>,
-    weight: u32,
+    /// The vocabulary in id order, each word packed
+    /// ([`Vocabulary::packed`]), or 0 for the next of the long words.
+    words: Box<[u128]>,
+    /// The words too long to pack, end to end, and where each ends.
+    long: Box<str>,
+    long_ends: Box<[u32]>,
+    /// Each word's occurrences in these messages, by id.
+    counts: Box<[u32]>,
+    /// The messages' word sets, end to end, and where each ends.
+    sets: Box<[u32]>,
+    set_ends: Box<[u32]>,
 }
 
 impl HistoryWords {
-    fn new(lists: Vec<Arc<WordList>>) -> Self {
-        let weight = lists
-            .iter()
-            .map(|l| u64::from(l.weight()) + std::mem::size_of::<Arc<WordList>>() as u64)
-            .sum::<u64>()
-            + std::mem::size_of::<Self>() as u64;
+    /// What reading gave so far: `vocab`, `counts` and `sets`.
+    fn of(vocab: &Vocabulary, counts: &[u32], sets: &[Vec<u32>]) -> Self {
+        let words: Box<[u128]> = (0..vocab.len() as u32).map(|id| vocab.packed(id)).collect();
+        let mut long = String::new();
+        let mut long_ends = Vec::new();
+        for (id, _) in words.iter().enumerate().filter(|(_, &key)| key == 0) {
+            long.push_str(vocab.word(id as u32));
+            long_ends.push(long.len() as u32);
+        }
+        let mut flat = Vec::with_capacity(sets.iter().map(Vec::len).sum());
+        let mut set_ends = Vec::with_capacity(sets.len());
+        for set in sets {
+            flat.extend_from_slice(set);
+            set_ends.push(flat.len() as u32);
+        }
         HistoryWords {
-            lists: lists.into(),
-            weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            words,
+            long: long.into(),
+            long_ends: long_ends.into(),
+            counts: counts[..vocab.len()].into(),
+            sets: flat.into(),
+            set_ends: set_ends.into(),
         }
     }
 
+    /// Puts what reading gave back into an empty `vocab`, `counts` and
+    /// `sets`.
+    fn restore(&self, vocab: &mut Vocabulary, counts: &mut Vec<u32>, sets: &mut Vec<Vec<u32>>) {
+        let mut long_start = 0;
+        let mut long_ends = self.long_ends.iter();
+        for &key in self.words.iter() {
+            match key {
+                0 => {
+                    let end = long_ends.next().map_or(self.long.len(), |&e| e as usize);
+                    vocab.intern_long(self.long.get(long_start..end).unwrap_or_default());
+                    long_start = end;
+                }
+                key => {
+                    vocab.intern_packed(key);
+                }
+            }
+        }
+        counts.clear();
+        counts.extend_from_slice(&self.counts);
+        let mut start = 0;
+        for &end in self.set_ends.iter() {
+            sets.push(self.sets[start..end as usize].to_vec());
+            start = end as usize;
+        }
+    }
+
+    /// The messages it covers.
     pub fn len(&self) -> usize {
-        self.lists.len()
+        self.set_ends.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lists.is_empty()
+        self.set_ends.is_empty()
     }
 
-    /// Bytes the entry holds, for a cache's weigher (a list shared with
-    /// another history counts in both).
+    /// Whether it is what reading the words of `len` messages leaves:
+    /// every id of a set is a word, and there are as many long words as
+    /// words that need one. A hash collision must not panic.
+    fn fits(&self, len: usize) -> bool {
+        let long_words = self.words.iter().filter(|&&key| key == 0).count();
+        self.len() == len
+            && self.counts.len() == self.words.len()
+            && long_words == self.long_ends.len()
+            && self.sets.iter().all(|&id| (id as usize) < self.words.len())
+    }
+
+    /// Bytes it holds, for a cache's weigher.
     pub fn weight(&self) -> u32 {
-        self.weight
+        let bytes = std::mem::size_of::<Self>()
+            + self.words.len() * (16 + 4)
+            + self.long.len()
+            + self.long_ends.len() * 4
+            + self.sets.len() * 4
+            + self.set_ends.len() * 4;
+        u32::try_from(bytes).unwrap_or(u32::MAX)
     }
 }
 
-/// Where word lists of earlier requests' histories are kept, by the key of
-/// the history ([`super::relevance::history_keys`] over its messages'
+/// Where what reading earlier requests' histories gave is kept, by the key
+/// of the history ([`super::relevance::history_keys`] over its messages'
 /// hashes).
 pub trait WordListCache {
     /// Whether lookups can hit: without a cache, texts are not hashed.
     fn word_lists_enabled(&self) -> bool;
     fn history_words(&self, key: u128) -> Option<Arc<HistoryWords>>;
     fn put_history_words(&self, key: u128, words: Arc<HistoryWords>);
-    /// Drops an entry: the previous turn's, once the new turn's holds its
-    /// lists, so the bound does not count them twice.
+    /// Drops an entry: the previous turn's, once the new turn's holds all
+    /// it held.
     fn remove_history_words(&self, key: u128);
 }
 
@@ -169,26 +163,26 @@ impl WordListCache for NoWordLists {
 }
 
 /// The word set of each of `texts` (its distinct ids in the order first
-/// seen), read into `vocab` through `cache`, with each word's occurrences
-/// in `counts` (as long as the vocabulary).
+/// seen), read into the empty `vocab` through `cache`, with each word's
+/// occurrences in `counts` (as long as the vocabulary).
 pub(super) fn read_words(
     texts: &[&str],
     vocab: &mut Vocabulary,
     counts: &mut Vec<u32>,
     cache: &dyn WordListCache,
 ) -> Vec<Vec<u32>> {
-    let mut sets = Vec::with_capacity(texts.len());
-    if !cache.word_lists_enabled() || texts.is_empty() {
-        let mut reader = Reader::default();
+    let mut sets: Vec<Vec<u32>> = Vec::with_capacity(texts.len());
+    let mut reader = Reader::default();
+    if !cache.word_lists_enabled() || texts.len() < 2 {
         for text in texts {
-            sets.push(reader.read(text, vocab, counts, false).0);
+            sets.push(reader.read(text, vocab, counts));
         }
         counts.resize(vocab.len(), 0);
         return sets;
     }
-    // The entry of a history holds all its messages but the last, the
-    // one a client most often changes (a new question, a retry): the next
-    // turn extends the rest, and a retry changes only the last.
+    // An entry holds a history's messages but the last, the one a client
+    // most often changes (a new question, a retry): the next turn extends
+    // the rest, and a retry changes only the last.
     let stem = texts.len() - 1;
     let keys: Vec<u128> = texts[..stem].iter().map(|t| message_key(t)).collect();
     let prefixes = super::relevance::history_keys(&keys);
@@ -196,43 +190,30 @@ pub(super) fn read_words(
         .rev()
         .find_map(|k| {
             let found = cache.history_words(prefixes[k])?;
-            // A hash collision must not panic: the length must fit.
-            (found.len() == k + 1).then_some((found, k))
+            found.fits(k + 1).then_some((found, k))
         });
-    let mut lists = Vec::with_capacity(stem);
     if let Some((found, _)) = &earlier {
-        for list in found.lists.iter() {
-            let mut set = Vec::with_capacity(list.len());
-            list.intern(vocab, |id, count| {
-                if counts.len() <= id as usize {
-                    counts.resize(id as usize + 1, 0);
-                }
-                counts[id as usize] += count;
-                set.push(id);
-            });
-            sets.push(set);
-            lists.push(list.clone());
-        }
+        found.restore(vocab, counts, &mut sets);
     }
-    let mut reader = Reader::default();
-    for (i, text) in texts.iter().enumerate().skip(lists.len()) {
-        let (set, list) = reader.read(text, vocab, counts, i < stem);
-        sets.push(set);
-        lists.extend(list.map(Arc::new));
+    for text in &texts[sets.len()..stem] {
+        sets.push(reader.read(text, vocab, counts));
     }
-    counts.resize(vocab.len(), 0);
     match earlier {
         // The same stem again (a retry, another pass of this request, or a
         // new last message): its entry is there.
         Some((_, k)) if k + 1 == stem => {}
-        _ if stem == 0 => {}
         found => {
-            cache.put_history_words(prefixes[stem - 1], Arc::new(HistoryWords::new(lists)));
+            cache.put_history_words(
+                prefixes[stem - 1],
+                Arc::new(HistoryWords::of(vocab, counts, &sets)),
+            );
             if let Some((_, k)) = found {
                 cache.remove_history_words(prefixes[k]);
             }
         }
     }
+    sets.push(reader.read(texts[stem], vocab, counts));
+    counts.resize(vocab.len(), 0);
     sets
 }
 
@@ -241,29 +222,19 @@ pub(super) fn read_words(
 struct Reader {
     ids: Vec<u32>,
     sets: WordSets,
-    /// Per-word counts of one text, zero between texts.
-    tally: Vec<u32>,
 }
 
 impl Reader {
-    /// The word set of `text` with its occurrences added to `counts`, and
-    /// its word list when `keep`.
-    fn read(
-        &mut self,
-        text: &str,
-        vocab: &mut Vocabulary,
-        counts: &mut Vec<u32>,
-        keep: bool,
-    ) -> (Vec<u32>, Option<WordList>) {
+    /// The word set of `text`, with its occurrences added to `counts`
+    /// (grown to the vocabulary's length).
+    fn read(&mut self, text: &str, vocab: &mut Vocabulary, counts: &mut Vec<u32>) -> Vec<u32> {
         self.ids.clear();
         vocab.words_of(text, &mut self.ids);
         counts.resize(vocab.len(), 0);
         for &id in &self.ids {
             counts[id as usize] += 1;
         }
-        let set = self.sets.of(&self.ids, vocab.len());
-        let list = keep.then(|| WordList::of(&self.ids, &set, vocab, &mut self.tally));
-        (set, list)
+        self.sets.of(&self.ids, vocab.len())
     }
 }
 
@@ -341,21 +312,49 @@ mod tests {
     }
 
     #[test]
-    fn a_list_weighs_its_entries_and_long_words() {
-        let mut vocab = Vocabulary::default();
-        let mut ids = Vec::new();
-        vocab.words_of("tiny tiny supercalifragilisticexpialidocious", &mut ids);
-        let set = WordSets::new().of(&ids, vocab.len());
-        let list = WordList::of(&ids, &set, &vocab, &mut Vec::new());
-        let long = "supercalifragilisticexpialidocious";
-        let mut fresh = Vocabulary::default();
-        let mut read = Vec::new();
-        list.intern(&mut fresh, |id, count| read.push((id, count)));
-        assert_eq!(read, [(0, 2), (1, 1)]);
-        assert_eq!((fresh.word(0), fresh.word(1)), ("tiny", long));
-        assert_eq!(
-            list.weight() as usize,
-            std::mem::size_of::<WordList>() + 2 * 20 + std::mem::size_of::<Box<str>>() + long.len()
-        );
+    fn a_long_conversation_keeps_one_entry_that_grows_with_it() {
+        let cache = Kept::default();
+        let texts: Vec<String> = (0..40)
+            .map(|i| {
+                format!(
+                    "turn {i} says Größe {} and a-very-long-word-number-{}",
+                    i % 7,
+                    i % 3
+                )
+            })
+            .collect();
+        for turn in 2..texts.len() {
+            let history: Vec<&str> = texts[..turn].iter().map(String::as_str).collect();
+            assert_eq!(read_all(&history, &cache), read_all(&history, &NoWordLists));
+            let entries = cache.entries.borrow();
+            assert_eq!(
+                (entries.len(), entries.values().next().unwrap().len()),
+                (1, turn - 1)
+            );
+        }
+        // Each turn after the first found the one before.
+        assert_eq!(*cache.hits.borrow(), texts.len() - 3);
+    }
+
+    #[test]
+    fn an_entry_that_does_not_fit_its_history_is_not_read() {
+        let cache = Kept::default();
+        let turn = ["alpha beta", "gamma", "delta"];
+        read_all(&turn, &cache);
+        let (&key, entry) = cache
+            .entries
+            .borrow()
+            .iter()
+            .next()
+            .map(|(k, v)| (k, v.clone()))
+            .unwrap();
+        assert!(entry.fits(2) && !entry.fits(3));
+        // Another history whose key collided would find an entry of
+        // another length, or sets naming words it does not have.
+        let mut broken = HistoryWords::of(&Vocabulary::default(), &[], &[vec![], vec![]]);
+        broken.sets = vec![7].into();
+        assert!(!broken.fits(2));
+        cache.entries.borrow_mut().insert(key, Arc::new(broken));
+        assert_eq!(read_all(&turn, &cache), read_all(&turn, &NoWordLists));
     }
 }
