@@ -164,7 +164,7 @@ impl Checkpoints for CheckpointStore {
 
 /// Relevance scoring's per-message analyses (`scoring = "relevance"`) and
 /// each history's words (what the drop score read, any scoring), keyed
-/// by a hash of the message text, shared by every policy of one
+/// by hashes of the message texts, shared by every policy of one
 /// configuration: a new turn of a conversation analyses and reads only its
 /// new messages. Each kind bounded in bytes by moka
 /// (`cache.relevance_max_bytes`, `cache.word_lists_max_bytes`); emptied on
