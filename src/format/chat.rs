@@ -554,6 +554,36 @@ mod tests {
         r#""n":1"#,
     ];
 
+    /// The split way reads each message on its own, two levels higher than
+    /// inside the body, and serde_json limits nesting to 128 levels where it
+    /// reads into types: the ways must still agree at every depth around
+    /// that limit (skipped values, like an unknown field, have none).
+    #[test]
+    fn the_split_way_agrees_with_the_plain_way_on_deep_nesting() {
+        for depth in (100..140).chain([1_000]) {
+            let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            for body in [
+                format!(r#"{{"messages":[{{"role":"user","content":"x","n":{nested}}}]}}"#),
+                format!(
+                    r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":"x","n":{nested}}}]}}]}}"#
+                ),
+                format!(
+                    r#"{{"messages":[{{"role":"assistant","tool_calls":[{{"id":"c","function":{{"name":"f","arguments":{nested}}}}}]}}]}}"#
+                ),
+            ] {
+                let plain = parse_plain(&body, 10);
+                match parse_split(&body, 10) {
+                    Some(split) => assert_eq!(
+                        format!("{split:?}"),
+                        format!("{:?}", plain.expect("the plain way reads it")),
+                        "{depth}"
+                    ),
+                    None => assert!(plain.is_err(), "{depth}: not split"),
+                }
+            }
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
 
