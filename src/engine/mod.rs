@@ -282,9 +282,9 @@ impl<'a> Working<'a> {
 }
 
 /// The caches of earlier requests' work the engine reads through: each
-/// message's relevance analysis ([`relevance::AnalysisCache`]) and word list
-/// ([`word_lists::WordListCache`]). Only accelerators: the report is the
-/// same with any caches or none.
+/// message's relevance analysis ([`relevance::AnalysisCache`]) and what
+/// reading each history's words gave ([`word_lists::WordListCache`]). Only
+/// accelerators: the report is the same with any caches or none.
 pub trait Caches: relevance::AnalysisCache + word_lists::WordListCache {}
 
 impl<T: relevance::AnalysisCache + word_lists::WordListCache + ?Sized> Caches for T {}
@@ -320,8 +320,8 @@ pub fn compact(messages: &[Message], policy: &Policy) -> Report {
 
 /// [`compact`], with earlier requests' work looked up in and added to
 /// `caches`: relevance scoring's per-message analyses (see
-/// [`relevance::analyze_cached`]) and each message's word list (see
-/// [`word_lists`]); the report is the same with any caches or none.
+/// [`relevance::analyze_cached`]) and what reading a history's words gave
+/// (see [`word_lists`]); the report is the same with any caches or none.
 pub fn compact_cached(messages: &[Message], policy: &Policy, caches: &dyn Caches) -> Report {
     let relevance = match &policy.scoring {
         ScoringMethod::Seed => None,

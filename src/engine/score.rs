@@ -20,8 +20,8 @@ pub(super) struct Scores {
 }
 
 impl Scores {
-    /// The scores of `messages`, their words read through `lists` (word
-    /// lists kept from earlier requests: the same scores, sooner).
+    /// The scores of `messages`, their words read through `lists` (what
+    /// reading an earlier turn's history gave: the same scores, sooner).
     pub fn new(messages: &[Message], lists: &dyn WordListCache) -> Self {
         // Varied English text brings a new word every 60 to 100 bytes.
         let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
