@@ -455,23 +455,5 @@ mod tests {
         r#""tools":[{"type":"function","name":"input","parameters":{"input":[]}}]"#,
     ];
 
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
-
-        /// The split way gives exactly what the plain way gives whenever it
-        /// gives anything; it is the way well-formed bodies go.
-        #[test]
-        fn the_split_way_agrees_with_the_plain_way(
-            before in proptest::collection::vec(0usize..100, 0..3),
-            items in proptest::collection::vec(0usize..100, 0..8),
-            after in proptest::collection::vec(0usize..100, 0..3),
-            cut in proptest::option::of((0usize..1000, 0usize..6, 0usize..100)),
-            max in 3usize..10,
-        ) {
-            let (body, should_split) =
-                split::testing::body("input", &PIECES, &TOP_FIELDS, &before, &items, &after, cut);
-            let (split, plain) = (parse_split(&body, max), parse_plain(&body, max));
-            split::testing::agree(split, plain, should_split)?;
-        }
-    }
+    split::testing::split_agreement!("input", PIECES, TOP_FIELDS);
 }

@@ -185,6 +185,35 @@ pub(crate) mod testing {
 
     use crate::format::{Parsed, Skip};
 
+    /// A proptest, in a format's tests, that its split way gives exactly
+    /// what its plain way gives whenever it gives anything, on well-formed
+    /// bodies (the `$top` fields around an array `$field` of `$pieces`) and
+    /// on bodies cut or spliced at random; and that well-formed bodies go
+    /// the split way. Calls the format's `parse_split` and `parse_plain`.
+    macro_rules! split_agreement {
+        ($field:expr, $pieces:expr, $top:expr) => {
+            proptest::proptest! {
+                #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+                #[test]
+                fn the_split_way_agrees_with_the_plain_way(
+                    before in proptest::collection::vec(0usize..100, 0..3),
+                    items in proptest::collection::vec(0usize..100, 0..8),
+                    after in proptest::collection::vec(0usize..100, 0..3),
+                    cut in proptest::option::of((0usize..1000, 0usize..6, 0usize..100)),
+                    max in 3usize..10,
+                ) {
+                    let (body, should_split) = $crate::format::split::testing::body(
+                        $field, &$pieces, &$top, &before, &items, &after, cut,
+                    );
+                    let (split, plain) = (parse_split(&body, max), parse_plain(&body, max));
+                    $crate::format::split::testing::agree(split, plain, should_split)?;
+                }
+            }
+        };
+    }
+    pub(crate) use split_agreement;
+
     /// A body of the `top` fields picked by `before` and `after` around an
     /// array `field` of the `pieces` picked by `messages`, then, with
     /// `cut`, a few bytes at a random place replaced by a piece of syntax;
