@@ -23,6 +23,7 @@
 //! Any other block type is refused (`unsupported-message`).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -139,7 +140,9 @@ fn read_messages<'a>(
 
     let mut wire = Vec::with_capacity(items.len());
     // tool_use id -> group of the assistant message that made the call
-    let mut open_calls: Vec<(String, u32)> = Vec::new();
+    // (hashed: a message may hold thousands of calls, and each result
+    // looks its id up)
+    let mut open_calls: HashMap<String, u32> = HashMap::new();
     for (i, raw) in items.into_iter().enumerate() {
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
@@ -218,13 +221,13 @@ fn read_messages<'a>(
                                 open_calls.clear();
                             }
                             item.group = Some(i as u32);
-                            open_calls.push((id, i as u32));
+                            open_calls.insert(id, i as u32);
                             others += 1;
                         }
                         "tool_result" => {
                             results += 1;
                             let id = b.tool_use_id.as_deref().unwrap_or_default();
-                            if let Some(&(_, g)) = open_calls.iter().find(|(c, _)| c == id) {
+                            if let Some(&g) = open_calls.get(id) {
                                 item.group = Some(g);
                             }
                             if item.answers.is_none() {

@@ -14,6 +14,7 @@
 //!   `function_call` and the `function` message after it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -139,7 +140,9 @@ fn read_messages<'a>(
     };
     let mut wire = Vec::with_capacity(items.len());
     // tool_call id -> group of the assistant message that made the call
-    let mut open_calls: Vec<(String, u32)> = Vec::new();
+    // (hashed: a message may hold thousands of calls, and each tool
+    // message looks its id up)
+    let mut open_calls: HashMap<String, u32> = HashMap::new();
     let mut function_group: Option<u32> = None;
     for (i, raw) in items.into_iter().enumerate() {
         if !raw.starts_with('{') {
@@ -194,7 +197,7 @@ fn read_messages<'a>(
                     name,
                     arguments,
                 });
-                open_calls.push((call.id.into_owned(), g));
+                open_calls.insert(call.id.into_owned(), g);
             }
         }
         if let Some(f) = &fields.function_call {
@@ -210,8 +213,8 @@ fn read_messages<'a>(
                 item.group = fields
                     .tool_call_id
                     .as_deref()
-                    .and_then(|id| open_calls.iter().find(|(call, _)| call == id))
-                    .map(|&(_, g)| g);
+                    .and_then(|id| open_calls.get(id))
+                    .copied();
             }
             Role::Function => item.group = function_group.take(),
             _ => {}

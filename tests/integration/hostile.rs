@@ -671,3 +671,45 @@ async fn requests_keep_their_upstream_after_a_reload_that_names_another() {
     assert_eq!(upstream.received().len(), 1);
     assert!(other.received().is_empty());
 }
+
+/// Tool results are matched to their calls by a hashed lookup: one
+/// assistant message of 40,000 calls answered by 40,000 results whose ids
+/// match none (Anthropic blocks in one message, chat `tool` messages) took
+/// over ten seconds each when each result searched every call.
+#[test]
+fn thousands_of_tool_results_are_matched_in_linear_time() {
+    use compaction_proxy::format::Format;
+    const N: usize = 40_000;
+    let calls: Vec<serde_json::Value> = (0..N)
+        .map(|k| json!({"type": "tool_use", "id": format!("toolu_{k:08}"), "name": "f", "input": {}}))
+        .collect();
+    let results: Vec<serde_json::Value> = (0..N)
+        .map(|k| json!({"type": "tool_result", "tool_use_id": format!("other_{k:08}"), "content": "x"}))
+        .collect();
+    let anthropic = json!({"messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": calls},
+        {"role": "user", "content": results},
+    ]})
+    .to_string();
+    let chat_calls: Vec<serde_json::Value> = (0..N)
+        .map(|k| json!({"id": format!("call_{k:08}"), "type": "function", "function": {"name": "f", "arguments": "{}"}}))
+        .collect();
+    let mut messages =
+        vec![json!({"role": "assistant", "content": null, "tool_calls": chat_calls})];
+    messages.extend(
+        (0..N).map(
+            |k| json!({"role": "tool", "tool_call_id": format!("other_{k:08}"), "content": "x"}),
+        ),
+    );
+    let chat = json!({ "messages": messages }).to_string();
+    for (format, body) in [(Format::Anthropic, anthropic), (Format::Chat, chat)] {
+        let started = Instant::now();
+        let parsed = format.parse(body.as_bytes(), usize::MAX).expect("parses");
+        let took = started.elapsed();
+        assert!(parsed.conversation.items.len() >= 3);
+        // Linear: about a second unoptimised (a test build); the search
+        // through every call took 18 s here.
+        assert!(took < Duration::from_secs(5), "{format:?}: {took:?}");
+    }
+}
