@@ -71,7 +71,10 @@ impl HistoryWords {
             words,
             long: long.into(),
             long_ends: long_ends.into(),
-            counts: counts[..vocab.len()].into(),
+            // As long as the vocabulary (it always is: never a panic).
+            counts: (0..vocab.len())
+                .map(|id| counts.get(id).copied().unwrap_or(0))
+                .collect(),
             sets: flat.into(),
             set_ends: set_ends.into(),
         }
