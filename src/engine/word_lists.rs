@@ -101,7 +101,12 @@ impl HistoryWords {
         counts.extend_from_slice(&self.counts);
         let mut start = 0;
         for &end in self.set_ends.iter() {
-            sets.push(self.sets[start..end as usize].to_vec());
+            sets.push(
+                self.sets
+                    .get(start..end as usize)
+                    .unwrap_or_default()
+                    .to_vec(),
+            );
             start = end as usize;
         }
     }
