@@ -17,22 +17,13 @@
 
 use std::sync::Arc;
 
-use xxhash_rust::xxh3::xxh3_128;
-
+use super::relevance::{history_keys, message_key};
 use super::text::{Vocabulary, WordSets};
 
 /// How far back from a history's end its earlier turn is looked for: a
 /// turn adds a user message, the answer and, in an agent loop, a few tool
 /// calls and results.
 const HISTORY_PROBES: usize = 8;
-
-/// Bumped when what an entry holds changes, so no stale entry is ever read.
-const WORD_LIST_VERSION: u64 = 1;
-
-/// The hash of a message's text, chained into its history's key.
-fn message_key(text: &str) -> u128 {
-    xxh3_128(text.as_bytes()) ^ u128::from(WORD_LIST_VERSION) << 64
-}
 
 /// What reading the words of a history's first [`HistoryWords::len`]
 /// messages gave: about 130 KB for a 200 KB history.
@@ -144,7 +135,7 @@ impl HistoryWords {
 }
 
 /// Where what reading earlier requests' histories gave is kept, by the key
-/// of the history ([`super::relevance::history_keys`] over its messages'
+/// of the history ([`history_keys`] over its messages'
 /// hashes).
 pub trait WordListCache {
     /// Whether lookups can hit: without a cache, texts are not hashed.
@@ -192,8 +183,10 @@ pub(super) fn read_words(
     // most often changes (a new question, a retry): the next turn extends
     // the rest, and a retry changes only the last.
     let stem = texts.len() - 1;
+    // The keys relevance's analyses use: this cache is another, so the
+    // same key names each history's words here and its analyses there.
     let keys: Vec<u128> = texts[..stem].iter().map(|t| message_key(t)).collect();
-    let prefixes = super::relevance::history_keys(&keys);
+    let prefixes = history_keys(&keys);
     let earlier = (stem.saturating_sub(HISTORY_PROBES)..stem)
         .rev()
         .find_map(|k| {
