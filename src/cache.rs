@@ -183,11 +183,11 @@ pub struct AnalysisStore {
     /// multiply, where the default SipHash would hash them again. It is
     /// keyed at random, as the keys are hashes of client text: an unkeyed
     /// fold would let a client search out texts whose keys share a place.
-    analyses: Option<Cache<u128, CachedAnalysis, foldhash::fast::RandomState>>,
+    analyses: HistoryCache<CachedAnalysis>,
     /// What reading each history's words gave, for the drop score (every
     /// scoring), keyed by the chain of its messages' hashes
     /// (`cache.word_lists_max_bytes`).
-    word_lists: Option<Cache<u128, Arc<HistoryWords>, foldhash::fast::RandomState>>,
+    word_lists: HistoryCache<Arc<HistoryWords>>,
     /// The histories (by their last prefix key) being analysed after
     /// their request: one request scores its history several times (the
     /// agent passes, each token-budget round), and a history is filled
@@ -219,19 +219,37 @@ fn lock(filling: &Mutex<FxHashSet<u128>>) -> std::sync::MutexGuard<'_, FxHashSet
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A cache of entries about histories, keyed by their 128-bit keys, in
+/// at most `max_bytes` (0: none).
+type HistoryCache<V> = Option<Cache<u128, V, foldhash::fast::RandomState>>;
+
+fn history_cache<V: Clone + Send + Sync + 'static>(
+    max_bytes: u64,
+    weigh: fn(&V) -> u32,
+) -> HistoryCache<V> {
+    (max_bytes > 0).then(|| {
+        Cache::builder()
+            .max_capacity(max_bytes)
+            .weigher(move |_, v: &V| weigh(v))
+            // An entry is read by its conversation's next turn, mostly
+            // once: frequency-based admission would turn most away.
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
+            .build_with_hasher(foldhash::fast::RandomState::default())
+    })
+}
+
+/// Bytes a history cache holds now (after pending evictions run).
+fn held<V: Clone + Send + Sync + 'static>(cache: &HistoryCache<V>) -> u64 {
+    cache.as_ref().map_or(0, |c| {
+        c.run_pending_tasks();
+        c.weighted_size()
+    })
+}
+
 impl AnalysisStore {
     pub fn new(max_bytes: u64) -> Self {
-        let analyses = (max_bytes > 0).then(|| {
-            Cache::builder()
-                .max_capacity(max_bytes)
-                .weigher(|_, a: &CachedAnalysis| a.weight())
-                // A history entry is read once, by its conversation's next
-                // turn: frequency-based admission would turn most away.
-                .eviction_policy(moka::policy::EvictionPolicy::lru())
-                .build_with_hasher(foldhash::fast::RandomState::default())
-        });
         AnalysisStore {
-            analyses,
+            analyses: history_cache(max_bytes, CachedAnalysis::weight),
             word_lists: None,
             filling: Arc::default(),
         }
@@ -239,15 +257,7 @@ impl AnalysisStore {
 
     /// Keeps histories' words too, in at most `max_bytes` (0: none).
     pub fn with_word_lists(mut self, max_bytes: u64) -> Self {
-        self.word_lists = (max_bytes > 0).then(|| {
-            Cache::builder()
-                .max_capacity(max_bytes)
-                .weigher(|_, words: &Arc<HistoryWords>| words.weight())
-                // Read by the conversation's next turns: as for analyses,
-                // frequency-based admission would turn most away.
-                .eviction_policy(moka::policy::EvictionPolicy::lru())
-                .build_with_hasher(foldhash::fast::RandomState::default())
-        });
+        self.word_lists = history_cache(max_bytes, |words: &Arc<HistoryWords>| words.weight());
         self
     }
 
@@ -262,18 +272,12 @@ impl AnalysisStore {
 
     /// Bytes the relevance analyses hold now (after pending evictions run).
     pub fn weighted_size(&self) -> u64 {
-        self.analyses.as_ref().map_or(0, |a| {
-            a.run_pending_tasks();
-            a.weighted_size()
-        })
+        held(&self.analyses)
     }
 
     /// Bytes the histories' words hold now (after pending evictions run).
     pub fn word_lists_weighted_size(&self) -> u64 {
-        self.word_lists.as_ref().map_or(0, |lists| {
-            lists.run_pending_tasks();
-            lists.weighted_size()
-        })
+        held(&self.word_lists)
     }
 }
 
