@@ -147,20 +147,6 @@ pub trait WordListCache {
     fn remove_history_words(&self, key: u128);
 }
 
-/// No cache: every message is read on every request.
-pub struct NoWordLists;
-
-impl WordListCache for NoWordLists {
-    fn word_lists_enabled(&self) -> bool {
-        false
-    }
-    fn history_words(&self, _: u128) -> Option<Arc<HistoryWords>> {
-        None
-    }
-    fn put_history_words(&self, _: u128, _: Arc<HistoryWords>) {}
-    fn remove_history_words(&self, _: u128) {}
-}
-
 /// The word set of each of `texts` (its distinct ids in the order first
 /// seen), read into the empty `vocab` through `cache`, with each word's
 /// occurrences in `counts` (as long as the vocabulary).
@@ -294,21 +280,33 @@ mod tests {
             "Beta gamma delta 42 größe",
         ];
         let cache = Kept::default();
-        assert_eq!(read_all(&turn, &cache), read_all(&turn, &NoWordLists));
+        assert_eq!(
+            read_all(&turn, &cache),
+            read_all(&turn, &crate::engine::NoCaches)
+        );
         assert_eq!((*cache.hits.borrow(), *cache.inserts.borrow()), (0, 1));
         // The same history again finds its entry and adds none.
-        assert_eq!(read_all(&turn, &cache), read_all(&turn, &NoWordLists));
+        assert_eq!(
+            read_all(&turn, &cache),
+            read_all(&turn, &crate::engine::NoCaches)
+        );
         assert_eq!((*cache.hits.borrow(), *cache.inserts.borrow()), (1, 1));
         // The next turn: the history from the cache, then its own messages;
         // its entry replaces the earlier one.
         let next = [&turn[..], &["Delta epsilon, a new turn", "beta Alpha"]].concat();
-        assert_eq!(read_all(&next, &cache), read_all(&next, &NoWordLists));
+        assert_eq!(
+            read_all(&next, &cache),
+            read_all(&next, &crate::engine::NoCaches)
+        );
         assert_eq!((*cache.hits.borrow(), *cache.inserts.borrow()), (2, 2));
         assert_eq!(cache.entries.borrow().len(), 1);
         assert_eq!(cache.entries.borrow().values().next().unwrap().len(), 5);
         // A history that differs early (an edited message) shares nothing.
         let edited = [&["Alpha"][..], &next[1..]].concat();
-        assert_eq!(read_all(&edited, &cache), read_all(&edited, &NoWordLists));
+        assert_eq!(
+            read_all(&edited, &cache),
+            read_all(&edited, &crate::engine::NoCaches)
+        );
         assert_eq!(*cache.hits.borrow(), 2);
     }
 
@@ -326,7 +324,10 @@ mod tests {
             .collect();
         for turn in 2..texts.len() {
             let history: Vec<&str> = texts[..turn].iter().map(String::as_str).collect();
-            assert_eq!(read_all(&history, &cache), read_all(&history, &NoWordLists));
+            assert_eq!(
+                read_all(&history, &cache),
+                read_all(&history, &crate::engine::NoCaches)
+            );
             let entries = cache.entries.borrow();
             assert_eq!(
                 (entries.len(), entries.values().next().unwrap().len()),
@@ -356,6 +357,9 @@ mod tests {
         broken.sets = vec![7].into();
         assert!(!broken.fits(2));
         cache.entries.borrow_mut().insert(key, Arc::new(broken));
-        assert_eq!(read_all(&turn, &cache), read_all(&turn, &NoWordLists));
+        assert_eq!(
+            read_all(&turn, &cache),
+            read_all(&turn, &crate::engine::NoCaches)
+        );
     }
 }
