@@ -289,7 +289,7 @@ pub trait Caches: relevance::AnalysisCache + word_lists::WordListCache {}
 
 impl<T: relevance::AnalysisCache + word_lists::WordListCache + ?Sized> Caches for T {}
 
-/// No caches: every request reads all its messages.
+/// No caches: every request reads and analyses all its messages.
 pub struct NoCaches;
 
 impl relevance::AnalysisCache for NoCaches {

@@ -150,19 +150,6 @@ pub trait AnalysisCache {
     }
 }
 
-/// No cache: every message is analysed on every request.
-pub struct NoAnalyses;
-
-impl AnalysisCache for NoAnalyses {
-    fn enabled(&self) -> bool {
-        false
-    }
-    fn get(&self, _: u128) -> Option<CachedAnalysis> {
-        None
-    }
-    fn put(&self, _: u128, _: CachedAnalysis) {}
-}
-
 /// Bumped when what an analysis holds changes, so that entries made under
 /// an older term definition are never reused.
 const ANALYSIS_VERSION: u64 = 1;

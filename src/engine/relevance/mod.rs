@@ -46,7 +46,7 @@ mod terms;
 mod tests;
 
 pub use analysis::{
-    fill, history_keys, message_key, Analysis, AnalysisCache, CachedAnalysis, History, NoAnalyses,
+    fill, history_keys, message_key, Analysis, AnalysisCache, CachedAnalysis, History,
 };
 pub use terms::{is_stopword, stem, term_id, terms};
 
@@ -76,7 +76,7 @@ pub struct Relevance {
 /// Scores each message of `messages` against the latest user message and
 /// the optional `goal`.
 pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
-    analyze_cached(messages, goal, &NoAnalyses)
+    analyze_cached(messages, goal, &super::NoCaches)
 }
 
 /// [`analyze`], with each message's [`Analysis`] looked up in (and added
