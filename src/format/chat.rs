@@ -113,12 +113,10 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// [`parse`] with the messages found by [`split`]: serde reads each byte
 /// once. `None` when anything fails, for the plain way to find out why.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
-    let array = split::top_array(body, "messages")?;
-    let (outside, at) = array.outside(body);
-    let top: Outside = serde_json::from_str(&outside).ok()?;
-    if !split::confirmed(&outside, at, top.messages) {
-        return None;
-    }
+    let (array, ()) = split::split_body(body, "messages", |outside| {
+        let top: Outside = serde_json::from_str(outside).ok()?;
+        Some((top.messages, ()))
+    })?;
     read_messages(body, array.elements, array.span, max_items).ok()
 }
 

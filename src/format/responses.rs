@@ -169,15 +169,13 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// once. `None` when anything fails or the input is one string, for the
 /// plain way.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
-    let array = split::top_array(body, "input")?;
-    let (outside, at) = array.outside(body);
-    let top: Outside = serde_json::from_str(&outside).ok()?;
-    if !split::confirmed(&outside, at, top.input)
-        || top.previous_response_id.is_some_and(|p| p.get() != "null")
-    {
-        return None;
-    }
-    let instructions_chars = top.instructions.as_deref().map_or(0, char_count);
+    let (array, instructions_chars) = split::split_body(body, "input", |outside| {
+        let top: Outside = serde_json::from_str(outside).ok()?;
+        if top.previous_response_id.is_some_and(|p| p.get() != "null") {
+            return None;
+        }
+        Some((top.input, top.instructions.as_deref().map_or(0, char_count)))
+    })?;
     read_items(
         body,
         array.elements,

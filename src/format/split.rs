@@ -9,7 +9,7 @@
 //! every byte:
 //! - the elements, when the format reads each of them;
 //! - the rest of the body, read with the array replaced by `[]`
-//!   ([`TopArray::outside`]), where serde must find the array exactly where
+//!   ([`split_body`]), where serde must find the array exactly where
 //!   the scan did.
 //!
 //! The scan trusts nothing it cannot check that way: when anything fails,
@@ -34,7 +34,7 @@ pub(crate) struct TopArray<'a> {
 impl TopArray<'_> {
     /// The body with the array replaced by `[]`, for serde to read the
     /// fields outside it, and where that `[]` starts.
-    pub fn outside(&self, body: &str) -> (String, usize) {
+    fn outside(&self, body: &str) -> (String, usize) {
         let mut rest = String::with_capacity(body.len() - self.span.len() + 2);
         rest.push_str(&body[..self.span.start]);
         rest.push_str("[]");
@@ -43,12 +43,23 @@ impl TopArray<'_> {
     }
 }
 
-/// Whether serde, reading `outside` (from [`TopArray::outside`]), finds
-/// the top-level `field` exactly at `at`: the scan then cut the body where
-/// serde would have, and everything outside the array is valid JSON.
-pub(crate) fn confirmed(outside: &str, at: usize, array: &RawValue) -> bool {
-    let found = array.get();
-    found == "[]" && found.as_ptr() as usize - outside.as_ptr() as usize == at
+/// The top-level array `field` of `body` as [`top_array`] finds it, and
+/// what `read` takes from the rest of the body: `read` gets the body with
+/// the array replaced by `[]`, reads it with serde, and returns the array
+/// it found there with its own result. `None` unless serde found the array
+/// exactly where the scan cut (the cut is then serde's, and everything
+/// outside the array is valid JSON) and `read` gave a result.
+pub(crate) fn split_body<'a, R>(
+    body: &'a str,
+    field: &str,
+    read: impl for<'o> FnOnce(&'o str) -> Option<(&'o RawValue, R)>,
+) -> Option<(TopArray<'a>, R)> {
+    let array = top_array(body, field)?;
+    let (outside, at) = array.outside(body);
+    let (found, taken) = read(&outside)?;
+    let found = found.get();
+    let confirmed = found == "[]" && found.as_ptr() as usize - outside.as_ptr() as usize == at;
+    confirmed.then_some((array, taken))
 }
 
 /// The elements of the array that is the value of the top-level `field`
@@ -323,17 +334,32 @@ mod tests {
 
     #[test]
     fn serde_confirms_where_the_array_was_cut() {
+        #[derive(serde::Deserialize)]
+        struct WithModel<'a> {
+            #[serde(borrow)]
+            model: &'a RawValue,
+        }
         let body = r#"{"model":"m","messages":[{"role":"user"}],"stream":true}"#;
-        let array = top_array(body, "messages").unwrap();
-        let (outside, at) = array.outside(body);
-        assert_eq!(outside, r#"{"model":"m","messages":[],"stream":true}"#);
-        let top: ArrayOnly = serde_json::from_str(&outside).unwrap();
-        assert!(confirmed(&outside, at, top.messages));
+        let (array, seen) = split_body(body, "messages", |outside| {
+            let top: ArrayOnly = serde_json::from_str(outside).ok()?;
+            Some((top.messages, outside.to_owned()))
+        })
+        .unwrap();
+        assert_eq!(seen, r#"{"model":"m","messages":[],"stream":true}"#);
+        assert_eq!(&body[array.span], r#"[{"role":"user"}]"#);
+        // An array found anywhere else than at the cut is not trusted.
+        let elsewhere = split_body(body, "messages", |outside| {
+            let top: WithModel = serde_json::from_str(outside).ok()?;
+            Some((top.model, ()))
+        });
+        assert!(elsewhere.is_none());
         // A second `messages` key: serde refuses the duplicate, so the
         // scan's cut is never trusted.
         let twice = r#"{"messages":[{"role":"user"}],"messages":[]}"#;
-        let array = top_array(twice, "messages").unwrap();
-        let (outside, _) = array.outside(twice);
-        assert!(serde_json::from_str::<ArrayOnly>(&outside).is_err());
+        let refused = split_body(twice, "messages", |outside| {
+            let top: ArrayOnly = serde_json::from_str(outside).ok()?;
+            Some((top.messages, ()))
+        });
+        assert!(refused.is_none());
     }
 }
