@@ -100,35 +100,20 @@ async fn shutdown_turns_readiness_off_before_closing_the_listener() {
 /// goes out byte for byte as it does through a proxy that keeps none.
 #[tokio::test]
 async fn word_lists_from_the_previous_turn_forward_the_same_bytes() {
-    let fixture: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/fixtures/chat-200-messages.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
-    let messages = fixture["messages"].as_array().unwrap();
+    let chat: serde_json::Value =
+        serde_json::from_slice(&fixture("chat-200-messages.json")).unwrap();
+    let messages = chat["messages"].as_array().unwrap();
     let turn = |n: usize| serde_json::json!({"model": "m", "messages": messages[..n]}).to_string();
     let (earlier, later) = (turn(messages.len() - 2), turn(messages.len()));
     // No outcome cache, so every request runs the engine.
-    let forward = |word_lists: u64, bodies: Vec<String>| async move {
-        let upstream =
-            MockUpstream::start(Behavior::Json(200, serde_json::json!({"ok": true}))).await;
-        let toml = format!(
+    let policy = |word_lists: u64| {
+        format!(
             "[cache]\nmax_bytes = 0\nword_lists_max_bytes = {word_lists}\n\
              [policies.default]\nbudget_chars = 20000\nkeep_last_n = 2\n"
-        );
-        let proxy = TestProxy::start(&toml, &upstream.url()).await;
-        let mut sent = Vec::new();
-        for body in bodies {
-            let answer = send(post_json(&proxy.url("/v1/chat/completions"), body)).await;
-            assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
-            sent.push(upstream.last().body.clone());
-        }
-        sent
+        )
     };
-    let warm = forward(32 << 20, vec![earlier.clone(), later.clone()]).await;
-    let cold = forward(0, vec![earlier, later]).await;
+    let warm =
+        compacted_upstream_bodies(&policy(32 << 20), vec![earlier.clone(), later.clone()]).await;
+    let cold = compacted_upstream_bodies(&policy(0), vec![earlier, later]).await;
     assert_eq!(warm, cold);
 }

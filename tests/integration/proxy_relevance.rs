@@ -187,23 +187,15 @@ async fn cached_analyses_forward_the_same_bytes_as_a_cold_compaction() {
              [policies.default]\nbudget_chars = 900\nkeep_last_n = 2\nscoring = \"relevance\"\n"
         )
     };
-    let forward = |toml: String, bodies: Vec<String>| async move {
-        let upstream =
-            MockUpstream::start(Behavior::Json(200, serde_json::json!({"ok": true}))).await;
-        let proxy = TestProxy::start(&toml, &upstream.url()).await;
-        let mut sent = Vec::new();
-        for body in bodies {
-            let answer = send(post_json(&proxy.url("/v1/chat/completions"), body)).await;
-            assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
-            sent.push(upstream.last().body.clone());
-        }
-        sent
-    };
     let earlier = turns_body(12, &[3]);
     let later = turns_body(12, &[3, 5]);
     // Warm: the later turn finds the earlier turn's analyses; then all its own.
-    let warm = forward(policy(1 << 20), vec![earlier, later.clone(), later.clone()]).await;
-    let cold = forward(policy(0), vec![later]).await;
+    let warm = compacted_upstream_bodies(
+        &policy(1 << 20),
+        vec![earlier, later.clone(), later.clone()],
+    )
+    .await;
+    let cold = compacted_upstream_bodies(&policy(0), vec![later]).await;
     assert_eq!(warm[1], cold[0]);
     assert_eq!(warm[2], cold[0]);
     let kept = String::from_utf8_lossy(&cold[0]).into_owned();

@@ -705,6 +705,21 @@ pub fn post_json(url: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// Starts a proxy on `toml` in front of a mock upstream, sends each of
+/// `bodies` to chat completions in turn, checks each was compacted, and
+/// gives what the upstream received for each.
+pub async fn compacted_upstream_bodies(toml: &str, bodies: Vec<String>) -> Vec<Bytes> {
+    let upstream = MockUpstream::start(Behavior::Json(200, serde_json::json!({"ok": true}))).await;
+    let proxy = TestProxy::start(toml, &upstream.url()).await;
+    let mut sent = Vec::new();
+    for body in bodies {
+        let answer = send(post_json(&proxy.url("/v1/chat/completions"), body)).await;
+        assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+        sent.push(upstream.last().body.clone());
+    }
+    sent
+}
+
 /// Reads a fixture body from `tests/data/fixtures`.
 pub fn fixture(name: &str) -> Bytes {
     std::fs::read(
