@@ -287,6 +287,12 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
             "compaction-proxy listening"
         );
         let state = AppState::new(runtime);
+        state
+            .metrics
+            .count_tasks_of(tokio::runtime::Handle::current());
+        for worker in workers.runtimes() {
+            state.metrics.count_tasks_of(worker);
+        }
         tokio::spawn(reload_on_sighup(state.clone(), args, overrides));
         tokio::spawn(crate::memory::return_freed_periodically());
         proxy::server::serve_on(listener, state, shutdown_signal(), workers).await;

@@ -6,11 +6,11 @@
 //! `other`, `status` one of [`Status`], `code` an HTTP status code.
 
 use rustc_hash::FxHashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus::{
     exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, Opts, Registry, TextEncoder,
+    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 /// Route label of requests no route matched.
@@ -50,6 +50,10 @@ pub struct Metrics {
     checkpoint_misses: IntCounterVec,
     stable_rebases: IntCounterVec,
     config_reloads: IntCounterVec,
+    /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
+    /// watches for leaked connections and requests.
+    tasks: IntGauge,
+    runtimes: Mutex<Vec<tokio::runtime::Handle>>,
     /// Label-resolved series per (route, policy, tenant): looking a label
     /// set up in a metric vector hashes the values and takes a lock, per
     /// metric; a request resolves its set here once instead.
@@ -129,7 +133,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 22] = [
+pub const FAMILIES: [&str; 23] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -152,6 +156,7 @@ pub const FAMILIES: [&str; 22] = [
     "compaction_proxy_checkpoint_misses_total",
     "compaction_proxy_stable_rebases_total",
     "compaction_proxy_config_reloads_total",
+    "compaction_proxy_tasks",
 ];
 
 const LOSS_LABELS: &[&str] = &["route", "policy", "tenant"];
@@ -208,6 +213,14 @@ impl Metrics {
         for result in [RELOAD_APPLIED, RELOAD_REFUSED] {
             config_reloads.with_label_values(&[result]);
         }
+        let tasks = IntGauge::new(
+            "compaction_proxy_tasks",
+            "Tasks alive on the proxy's runtimes (connections, requests, streams, upstream connections).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(tasks.clone()))
+            .expect("unique metric");
         Metrics {
             requests: counter(
                 "requests_total",
@@ -313,13 +326,31 @@ impl Metrics {
                 LOSS_LABELS,
             ),
             config_reloads,
+            tasks,
+            runtimes: Mutex::default(),
             series: RwLock::new(FxHashMap::default()),
             registry,
         }
     }
 
+    /// Counts the tasks of `runtime` in `compaction_proxy_tasks` from now on.
+    pub fn count_tasks_of(&self, runtime: tokio::runtime::Handle) {
+        self.runtimes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(runtime);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        let tasks: usize = self
+            .runtimes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|runtime| runtime.metrics().num_alive_tasks())
+            .sum();
+        self.tasks.set(i64::try_from(tasks).unwrap_or(i64::MAX));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
@@ -925,6 +956,31 @@ mod tests {
         assert_eq!(fields["compaction_ms"], 0.123, "{log}");
         assert_eq!(fields["upstream_ms"], 333.333, "{log}");
         assert_eq!(fields["compaction"], "compacted", "{log}");
+    }
+
+    #[test]
+    fn tasks_counts_what_is_alive_on_the_runtimes_given() {
+        let m = Metrics::new();
+        let tasks = |m: &Metrics| sample(&m.render(), "compaction_proxy_tasks", &[]);
+        assert_eq!(tasks(&m), Some(0.0), "no runtime given yet");
+        let runtimes: Vec<_> = (0..2)
+            .map(|_| {
+                tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        for runtime in &runtimes {
+            m.count_tasks_of(runtime.handle().clone());
+        }
+        let pending: Vec<_> = [0, 1, 1]
+            .map(|i| runtimes[i].spawn(std::future::pending::<()>()))
+            .into();
+        assert_eq!(tasks(&m), Some(3.0));
+        pending[1].abort();
+        // An aborted task is gone once its runtime has run.
+        runtimes[1].block_on(tokio::task::yield_now());
+        assert_eq!(tasks(&m), Some(2.0));
     }
 
     #[cfg(target_os = "linux")]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Soak: mixed traffic through compaction-proxy for SOAK_SECS (default 600),
 # then IDLE_SECS (default 60) of nothing, reporting the proxy's RSS, open
-# descriptors and threads at each step. The mix, all at once, closed loop:
+# descriptors, threads and tokio tasks (its `compaction_proxy_tasks` metric)
+# at each step. The mix, all at once, closed loop:
 #   - 1 KB bodies within budget (wrk, SOAK_SMALL_CONNS connections, default 8)
 #   - 200 KB bodies, every one different, compacted cold (wrk, SOAK_LARGE_CONNS, 2)
 #   - invalid JSON declared as JSON, forwarded untouched (wrk, SOAK_INVALID_CONNS, 2)
@@ -41,7 +42,13 @@ start_origin "$ORIGIN_PORT" "$SSE_PORT"
 start_proxy "$PROXY_PORT" "http://127.0.0.1:$ORIGIN_PORT"
 URL="http://127.0.0.1:$PROXY_PORT/v1/chat/completions"
 
-figures() { echo "$(proc_rss_kb "$PROXY_PID") $(proc_fds "$PROXY_PID") $(proc_threads "$PROXY_PID")"; }
+# Tasks as the proxy's /metrics reports them (the scrape's own connection
+# included); "-" from a binary without the metric.
+proxy_tasks() {
+  curl -sf "http://127.0.0.1:$PROXY_PORT/metrics" |
+    awk '$1 == "compaction_proxy_tasks" { n = $2 } END { print (n == "" ? "-" : n) }'
+}
+figures() { echo "$(proc_rss_kb "$PROXY_PID") $(proc_fds "$PROXY_PID") $(proc_threads "$PROXY_PID") $(proxy_tasks)"; }
 
 # mix PHASE SECONDS: the whole mix at once for SECONDS; wrk results in
 # $LOAD_OUT/wrk-PHASE-KIND.txt, the streams' in $LOAD_OUT/sse-PHASE.txt.
@@ -75,38 +82,43 @@ mix() {
 
 # Samples the proxy once a second while a phase runs; keeps each figure's peak.
 sample_peak() {
-  local peak_rss=0 peak_fds=0 peak_threads=0 rss fds threads
+  local peak_rss=0 peak_fds=0 peak_threads=0 peak_tasks=0 rss fds threads tasks
   while [[ ! -e "$RUN_DIR/soak-done" ]]; do
-    read -r rss fds threads < <(figures)
+    read -r rss fds threads tasks < <(figures)
     ((rss > peak_rss)) && peak_rss="$rss"
     ((fds > peak_fds)) && peak_fds="$fds"
     ((threads > peak_threads)) && peak_threads="$threads"
-    echo "$peak_rss $peak_fds $peak_threads" >"$RUN_DIR/soak-peak"
-    echo "$(date +%s) $rss $fds $threads" >>"$LOAD_OUT/soak-samples.txt"
+    if [[ "$tasks" == - ]]; then
+      peak_tasks=-
+    elif ((tasks > peak_tasks)); then
+      peak_tasks="$tasks"
+    fi
+    echo "$peak_rss $peak_fds $peak_threads $peak_tasks" >"$RUN_DIR/soak-peak"
+    echo "$(date +%s) $rss $fds $threads $tasks" >>"$LOAD_OUT/soak-samples.txt"
     sleep 1
   done
 }
 
-read -r start_rss start_fds start_threads < <(figures)
+read -r start_rss start_fds start_threads start_tasks < <(figures)
 log "warm-up: ${WARMUP_SECS}s of the mix"
 mix warmup "$WARMUP_SECS"
 sleep 5
-read -r warm_rss warm_fds warm_threads < <(figures)
+read -r warm_rss warm_fds warm_threads warm_tasks < <(figures)
 
 log "soak: ${SOAK_SECS}s of the mix"
-echo "# epoch_s rss_kB fds threads" >"$LOAD_OUT/soak-samples.txt"
+echo "# epoch_s rss_kB fds threads tasks" >"$LOAD_OUT/soak-samples.txt"
 sample_peak &
 STARTED_PIDS+=("$!")
 sampler="$!"
 mix soak "$SOAK_SECS"
-read -r end_rss end_fds end_threads < <(figures)
+read -r end_rss end_fds end_threads end_tasks < <(figures)
 touch "$RUN_DIR/soak-done"
 wait "$sampler" || true
-read -r peak_rss peak_fds peak_threads <"$RUN_DIR/soak-peak"
+read -r peak_rss peak_fds peak_threads peak_tasks <"$RUN_DIR/soak-peak"
 
 log "idle: ${IDLE_SECS}s"
 sleep "$IDLE_SECS"
-read -r idle_rss idle_fds idle_threads < <(figures)
+read -r idle_rss idle_fds idle_threads idle_tasks < <(figures)
 alive=yes
 curl -sf -o /dev/null "http://127.0.0.1:$PROXY_PORT/healthz" || alive=no
 
@@ -114,13 +126,13 @@ mb() { awk -v kb="$1" 'BEGIN { printf "%.1f MB", kb / 1024 }'; }
 {
   echo "soak: ${SOAK_SECS}s mixed traffic after ${WARMUP_SECS}s warm-up, then ${IDLE_SECS}s idle, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
   echo
-  echo "| moment | RSS | open fds | threads |"
-  echo "|---|---|---|---|"
-  echo "| started, before any request | $(mb "$start_rss") | $start_fds | $start_threads |"
-  echo "| after warm-up (5 s quiet) | $(mb "$warm_rss") | $warm_fds | $warm_threads |"
-  echo "| peak during soak (1 s samples) | $(mb "$peak_rss") | $peak_fds | $peak_threads |"
-  echo "| end of soak traffic | $(mb "$end_rss") | $end_fds | $end_threads |"
-  echo "| after ${IDLE_SECS}s idle | $(mb "$idle_rss") | $idle_fds | $idle_threads |"
+  echo "| moment | RSS | open fds | threads | tokio tasks |"
+  echo "|---|---|---|---|---|"
+  echo "| started, before any request | $(mb "$start_rss") | $start_fds | $start_threads | $start_tasks |"
+  echo "| after warm-up (5 s quiet) | $(mb "$warm_rss") | $warm_fds | $warm_threads | $warm_tasks |"
+  echo "| peak during soak (1 s samples) | $(mb "$peak_rss") | $peak_fds | $peak_threads | $peak_tasks |"
+  echo "| end of soak traffic | $(mb "$end_rss") | $end_fds | $end_threads | $end_tasks |"
+  echo "| after ${IDLE_SECS}s idle | $(mb "$idle_rss") | $idle_fds | $idle_threads | $idle_tasks |"
   echo
   awk -v i="$idle_rss" -v w="$warm_rss" 'BEGIN { printf "RSS after idle vs after warm-up: %+.1f%%\n", (i - w) * 100 / w }'
   echo "healthz after the soak: $alive"
@@ -131,6 +143,6 @@ mb() { awk -v kb="$1" 'BEGIN { printf "%.1f MB", kb / 1024 }'; }
     [[ -f "$RUN_DIR/soak-$kind.summary" ]] && sed 's/^/  /' "$RUN_DIR/soak-$kind.summary"
   done
   [[ -f "$LOAD_OUT/sse-soak.txt" ]] && sed 's/^/  sse: /' "$LOAD_OUT/sse-soak.txt"
-  echo "(tokio tasks are not visible from outside the process; threads are /proc/PID/status Threads)"
+  echo "(threads: /proc/PID/status; tokio tasks: the proxy's compaction_proxy_tasks, with the scrape's own connection; pooled upstream connections close after 90 s unused)"
 } | tee "$LOAD_OUT/soak.md"
 log "results in $LOAD_OUT"

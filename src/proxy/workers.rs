@@ -61,6 +61,16 @@ impl Workers {
     }
 }
 
+impl Workers {
+    /// The runtimes connections are served on (called on a runtime).
+    pub fn runtimes(&self) -> Vec<Handle> {
+        match self {
+            Workers::Current => vec![Handle::current()],
+            Workers::Pool(pool) => pool.handles.clone(),
+        }
+    }
+}
+
 /// Worker threads, each running a single-threaded runtime until the pool
 /// is dropped.
 pub struct Pool {

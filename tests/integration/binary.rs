@@ -901,6 +901,97 @@ fn sigterm_lets_an_open_stream_finish_refuses_new_connections_and_exits_zero() {
     );
 }
 
+/// `compaction_proxy_tasks` as the proxy's /metrics reports it now.
+fn tasks(rt: &tokio::runtime::Runtime, proxy: &Proc) -> i64 {
+    let metrics = rt.block_on(send(get(&proxy.url("/metrics"))));
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("compaction_proxy_tasks "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no compaction_proxy_tasks in\n{text}"))
+}
+
+#[test]
+fn the_tasks_gauge_counts_open_streams_and_comes_back_down_after_them() {
+    let rt = runtime();
+    let chunks: Vec<String> = (0..6).map(|i| format!("data: {{\"n\":{i}}}\n\n")).collect();
+    let upstream = rt.block_on(MockUpstream::start(Behavior::Sse {
+        chunks: chunks.clone(),
+        gap: Duration::from_millis(150),
+    }));
+    // One worker: its tasks are the accept loop's, the log flusher's and,
+    // once a connection is pooled, the pool reaper's.
+    let config = config_file("[server]\nworkers = 1\n");
+    let proxy = Proc::start(
+        &rt,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--upstream",
+            &upstream.url(),
+        ],
+        &[],
+    );
+    // A scrape's connection may outlive it briefly: the least of a few.
+    let quiet = (0..3)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            tasks(&rt, &proxy)
+        })
+        .min()
+        .unwrap();
+    assert!(quiet > 0, "the runtimes' own tasks are counted");
+
+    let body =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string();
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let client = client();
+            let response = rt
+                .block_on(
+                    client.request(post_json(&proxy.url("/v1/chat/completions"), body.clone())),
+                )
+                .expect("stream starts");
+            // The client goes with the reader, so its connection closes
+            // once the stream has been read.
+            rt.spawn(async move {
+                let _client = client;
+                frames_with_times(response).await
+            })
+        })
+        .collect();
+    // Each stream: its client connection and its upstream connection.
+    let streaming = tasks(&rt, &proxy);
+    assert!(
+        streaming >= quiet + 6,
+        "{streaming} tasks with 3 streams open, {quiet} before"
+    );
+    for reader in readers {
+        let (frames, end) = rt.block_on(reader).unwrap();
+        assert_eq!(end, Ok(()));
+        let received: String = frames
+            .iter()
+            .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+            .collect();
+        assert_eq!(received, chunks.concat());
+    }
+    // The client connections' tasks end; the 3 upstream connections stay
+    // pooled, and the pool's reaper has started.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let after = tasks(&rt, &proxy);
+        if after <= quiet + 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{after} tasks 5 s after the streams ended, {quiet} before them"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Logs
 // ---------------------------------------------------------------------------
