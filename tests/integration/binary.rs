@@ -833,29 +833,66 @@ fn running_out_of_descriptors_does_not_stop_the_accept_loop() {
     assert!(proxy.stop().success());
 }
 
+/// Six SSE events `gap` apart from a mock upstream, and a proxy in front
+/// of it on `toml`; with the events and the body of a streamed request.
+struct StreamingSetup {
+    chunks: Vec<String>,
+    body: String,
+    proxy: Proc,
+    _upstream: MockUpstream,
+}
+
+impl StreamingSetup {
+    fn start(rt: &tokio::runtime::Runtime, gap: Duration, toml: &str) -> Self {
+        let chunks: Vec<String> = (0..6).map(|i| format!("data: {{\"n\":{i}}}\n\n")).collect();
+        let upstream = rt.block_on(MockUpstream::start(Behavior::Sse {
+            chunks: chunks.clone(),
+            gap,
+        }));
+        let config = config_file(toml);
+        let proxy = Proc::start(
+            rt,
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--upstream",
+                &upstream.url(),
+            ],
+            &[],
+        );
+        let body =
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string();
+        StreamingSetup {
+            chunks,
+            body,
+            proxy,
+            _upstream: upstream,
+        }
+    }
+}
+
+/// The data frames of a stream, as one string.
+fn text_of(frames: &[(Instant, Bytes)]) -> String {
+    frames
+        .iter()
+        .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+        .collect()
+}
+
 #[test]
 fn sigterm_lets_an_open_stream_finish_refuses_new_connections_and_exits_zero() {
     let rt = runtime();
-    let chunks: Vec<String> = (0..6).map(|i| format!("data: {{\"n\":{i}}}\n\n")).collect();
-    let upstream = rt.block_on(MockUpstream::start(Behavior::Sse {
-        chunks: chunks.clone(),
-        gap: Duration::from_millis(180),
-    }));
-    let config = config_file("[server]\nshutdown_grace_secs = 8\n");
-    let mut proxy = Proc::start(
+    let StreamingSetup {
+        chunks,
+        body,
+        mut proxy,
+        _upstream,
+    } = StreamingSetup::start(
         &rt,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--upstream",
-            &upstream.url(),
-        ],
-        &[],
+        Duration::from_millis(180),
+        "[server]\nshutdown_grace_secs = 8\n",
     );
-
-    let body =
-        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
-            .to_string();
     let response = rt
         .block_on(client().request(post_json(&proxy.url("/v1/chat/completions"), body)))
         .expect("stream starts");
@@ -883,11 +920,7 @@ fn sigterm_lets_an_open_stream_finish_refuses_new_connections_and_exits_zero() {
 
     let (frames, end) = rt.block_on(reader).unwrap();
     assert_eq!(end, Ok(()), "the stream ends cleanly");
-    let received: String = frames
-        .iter()
-        .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
-        .collect();
-    assert_eq!(received, chunks.concat(), "every event arrives");
+    assert_eq!(text_of(&frames), chunks.concat(), "every event arrives");
     assert!(started.elapsed() >= Duration::from_millis(900));
 
     let status = proxy
@@ -914,24 +947,14 @@ fn tasks(rt: &tokio::runtime::Runtime, proxy: &Proc) -> i64 {
 #[test]
 fn the_tasks_gauge_counts_open_streams_and_comes_back_down_after_them() {
     let rt = runtime();
-    let chunks: Vec<String> = (0..6).map(|i| format!("data: {{\"n\":{i}}}\n\n")).collect();
-    let upstream = rt.block_on(MockUpstream::start(Behavior::Sse {
-        chunks: chunks.clone(),
-        gap: Duration::from_millis(150),
-    }));
     // One worker: its tasks are the accept loop's, the log flusher's and,
     // once a connection is pooled, the pool reaper's.
-    let config = config_file("[server]\nworkers = 1\n");
-    let proxy = Proc::start(
-        &rt,
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--upstream",
-            &upstream.url(),
-        ],
-        &[],
-    );
+    let StreamingSetup {
+        chunks,
+        body,
+        proxy,
+        _upstream,
+    } = StreamingSetup::start(&rt, Duration::from_millis(150), "[server]\nworkers = 1\n");
     // A scrape's connection may outlive it briefly: the least of a few.
     let quiet = (0..3)
         .map(|_| {
@@ -942,9 +965,6 @@ fn the_tasks_gauge_counts_open_streams_and_comes_back_down_after_them() {
         .unwrap();
     assert!(quiet > 0, "the runtimes' own tasks are counted");
 
-    let body =
-        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
-            .to_string();
     let readers: Vec<_> = (0..3)
         .map(|_| {
             let client = client();
@@ -970,11 +990,7 @@ fn the_tasks_gauge_counts_open_streams_and_comes_back_down_after_them() {
     for reader in readers {
         let (frames, end) = rt.block_on(reader).unwrap();
         assert_eq!(end, Ok(()));
-        let received: String = frames
-            .iter()
-            .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
-            .collect();
-        assert_eq!(received, chunks.concat());
+        assert_eq!(text_of(&frames), chunks.concat());
     }
     // The client connections' tasks end; the 3 upstream connections stay
     // pooled, and the pool's reaper has started.
