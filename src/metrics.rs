@@ -51,7 +51,7 @@ pub struct Metrics {
     stable_rebases: IntCounterVec,
     config_reloads: IntCounterVec,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
-    /// watches for leaked connections and requests.
+    /// watches for connections that are never let go.
     tasks: IntGauge,
     runtimes: Mutex<Vec<tokio::runtime::Handle>>,
     /// Label-resolved series per (route, policy, tenant): looking a label
@@ -215,7 +215,7 @@ impl Metrics {
         }
         let tasks = IntGauge::new(
             "compaction_proxy_tasks",
-            "Tasks alive on the proxy's runtimes (connections, requests, streams, upstream connections).",
+            "Tokio tasks alive on the proxy's runtimes: one per client and per upstream connection, plus a few of the proxy's own.",
         )
         .expect("valid metric");
         registry
