@@ -474,6 +474,7 @@ mod tests {
                 pruned_chars: 0,
                 clipped_chars: 0,
                 deduped_tool_chars: 0,
+                stripped_thinking: 0,
                 input_tokens: None,
                 budget_tokens: None,
                 output_tokens: None,

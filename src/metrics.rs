@@ -743,6 +743,7 @@ mod tests {
             pruned_chars: 0,
             clipped_chars: 0,
             deduped_tool_chars: 0,
+            stripped_thinking: 0,
             input_tokens: Some(5),
             output_tokens: Some(3),
             budget_tokens: None,

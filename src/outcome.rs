@@ -20,7 +20,7 @@ pub struct Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Compacted,
-    /// Forwarded as received: it fit the budget, or nothing could be removed.
+    /// Forwarded as received: it fit the budget (or stayed below every trigger).
     Unchanged,
     Skipped(&'static str),
     Bypassed,
@@ -84,6 +84,9 @@ pub struct LossSummary {
     pub pruned_chars: usize,
     pub clipped_chars: usize,
     pub deduped_tool_chars: usize,
+    /// Kept messages forwarded without their reasoning blocks, because
+    /// something before them changed (preserved thinking).
+    pub stripped_thinking: usize,
     /// Tokens in and out, when the policy has a token budget.
     pub input_tokens: Option<usize>,
     pub output_tokens: Option<usize>,
@@ -108,6 +111,7 @@ impl LossSummary {
             pruned_chars: 0,
             clipped_chars: 0,
             deduped_tool_chars: 0,
+            stripped_thinking: 0,
             input_tokens: None,
             output_tokens: None,
             budget_tokens: None,
@@ -136,6 +140,7 @@ impl LossSummary {
             pruned_chars: 0,
             clipped_chars: 0,
             deduped_tool_chars: 0,
+            stripped_thinking: 0,
             input_tokens: None,
             output_tokens: None,
             budget_tokens: None,

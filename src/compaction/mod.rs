@@ -22,6 +22,7 @@
 pub mod agent;
 pub mod budget;
 pub mod stable;
+pub mod thinking;
 pub mod tokens;
 
 use crate::engine::{self, Kept, Message, Report};
@@ -127,6 +128,7 @@ pub fn plan_of(report: &Report) -> Plan {
                 text: (m.kept == Kept::Trimmed).then(|| m.content.clone()),
                 arguments: Vec::new(),
                 pieces: None,
+                strip_thinking: false,
             })
             .collect(),
     }
@@ -138,7 +140,7 @@ pub fn changes(plan: &Plan, items: usize) -> bool {
         || plan
             .items
             .iter()
-            .any(|p| p.text.is_some() || !p.arguments.is_empty())
+            .any(|p| p.text.is_some() || !p.arguments.is_empty() || p.strip_thinking)
 }
 
 /// Exact mode: the engine over the whole conversation. The plan is `None`
@@ -248,6 +250,9 @@ pub fn compact(
     };
     let plan = plan.map(|mut plan| {
         parsed.format.repair(conversation, &mut plan);
+        if policy.mode == crate::config::Mode::Exact {
+            thinking::strip_stale_exact(conversation, &mut plan, budget);
+        }
         plan
     });
     let loss = match &plan {
@@ -257,11 +262,26 @@ pub fn compact(
         },
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
+    // A replay that re-compacted to the request as it came changed
+    // nothing the client or the cache can see.
+    let stable = stable.map(|info| stable::StableInfo {
+        rebased: info.rebased && plan.is_some(),
+        ..info
+    });
     Compacted {
         plan,
-        loss,
+        loss: within_triggers(loss, triggered),
         stable,
         budget_chars: budget,
+    }
+}
+
+/// A body below every trigger is within what its policy allows: it is
+/// forwarded as it came, and not counted as a budget miss.
+fn within_triggers(loss: LossSummary, triggered: bool) -> LossSummary {
+    LossSummary {
+        budget_met: loss.budget_met || !triggered,
+        ..loss
     }
 }
 
@@ -300,7 +320,7 @@ fn compact_to_tokens(
         let loss = LossSummary::unchanged_within(total, conversation.items.len(), budget);
         return Compacted {
             plan: None,
-            loss: with_tokens(loss, input_tokens),
+            loss: within_triggers(with_tokens(loss, input_tokens), triggered),
             stable: None,
             budget_chars: budget,
         };
@@ -325,6 +345,7 @@ fn compact_to_tokens(
         };
         let plan = plan.map(|mut plan| {
             parsed.format.repair(conversation, &mut plan);
+            thinking::strip_stale_exact(conversation, &mut plan, chars_budget);
             plan
         });
         let output_tokens = plan
@@ -439,10 +460,15 @@ pub fn loss_with_passes(
     let input_chars = conversation.total_chars();
     let mut output_chars = conversation.outside_chars;
     let mut trimmed = 0;
+    let mut stripped_thinking = 0;
     let (mut pruned, mut deduped, mut clipped) = (0, 0, 0);
     for p in &plan.items {
         let item = &conversation.items[p.index];
         let mut chars = item.chars();
+        if p.strip_thinking {
+            chars -= item.thinking.unwrap_or(0);
+            stripped_thinking += 1;
+        }
         if let Some(text) = &p.text {
             chars = chars - char_count(&item.text) + char_count(text);
             let by_pass = edits.texts.get(&p.index).map(|e| e.text());
@@ -478,6 +504,7 @@ pub fn loss_with_passes(
         pruned_chars: pruned,
         clipped_chars: clipped,
         deduped_tool_chars: deduped,
+        stripped_thinking,
         input_tokens: None,
         output_tokens: None,
         budget_tokens: None,

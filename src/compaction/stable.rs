@@ -38,6 +38,9 @@ pub struct Entry {
     /// Tool calls (by position, the first 32) whose arguments are clipped
     /// to the policy's `max_arg_chars`.
     pub clipped: u32,
+    /// Forwarded without its reasoning blocks: a re-compaction changed
+    /// what lies before it ([`super::thinking`]).
+    pub stripped: bool,
 }
 
 /// An agent pass's rewrite of an entry's text. Either is a pure function
@@ -246,6 +249,7 @@ pub fn replay(parsed: &Parsed, policy: &CompiledPolicy, checkpoints: &dyn Checkp
                     arguments,
                     // Stable mode spreads a pruned text as one text.
                     pieces: None,
+                    strip_thinking: e.stripped,
                 }
             })
             .collect(),
@@ -330,9 +334,14 @@ struct Replay<'a> {
     excluded: Vec<bool>,
     /// The budget of the items (outside chars already spent).
     budget: usize,
-    target: usize,
     head: usize,
 }
+
+/// A re-compaction frees room for at least this many units like the
+/// recent ones.
+const TURNS_OF_ROOM: usize = 4;
+/// How many of the form's last units tell the size of the next ones.
+const RECENT_UNITS: usize = 8;
 
 impl<'a> Replay<'a> {
     fn new(parsed: &'a Parsed<'a>, policy: &'a CompiledPolicy) -> Self {
@@ -348,7 +357,6 @@ impl<'a> Replay<'a> {
             protected,
             excluded: agent::excluded_items(conversation, &policy.agent),
             budget,
-            target: (budget as f64 * policy.stable_target_ratio) as usize,
             head: (budget as f64 * policy.stable_head_ratio) as usize,
         }
     }
@@ -387,12 +395,18 @@ impl<'a> Replay<'a> {
             .collect()
     }
 
-    /// An entry's fixed chars, with its clipped arguments.
+    /// An entry's fixed chars, with its clipped arguments and without its
+    /// stripped reasoning.
     fn fixed_of(&self, e: &Entry) -> usize {
         let item = &self.conversation.items[e.index as usize];
+        let fixed = if e.stripped {
+            item.fixed_chars - item.thinking.unwrap_or(0)
+        } else {
+            item.fixed_chars
+        };
         self.arguments_of(e)
             .iter()
-            .fold(item.fixed_chars, |fixed, (pos, args)| {
+            .fold(fixed, |fixed, (pos, args)| {
                 fixed - char_count(&item.tool_calls[*pos].arguments) + char_count(args)
             })
     }
@@ -441,15 +455,94 @@ impl<'a> Replay<'a> {
                 break;
             }
         }
-        let kept = self.compact(entries, head_len);
-        if self.total(&kept) <= self.budget || head_len == 0 {
-            return kept;
+        let target = self.target_for(entries);
+        let mut kept = self.compact(entries, head_len, target);
+        if self.total(&kept) > self.budget && head_len > 0 {
+            kept = self.compact(entries, 0, target);
         }
-        self.compact(entries, 0)
+        self.strip_stale_thinking(entries, &mut kept);
+        kept
     }
 
-    fn compact(&self, entries: &[Entry], head_len: usize) -> Vec<Entry> {
-        let entries = self.agent_passes(entries, head_len);
+    /// The reasoning blocks of every entry from the first position where
+    /// the re-compacted form differs from the form before it: what each of
+    /// them saw has changed. (Entries before that position are as the
+    /// model saw them; the stripping is itself part of the form, so the
+    /// turns after this one see it too.)
+    fn strip_stale_thinking(&self, before: &[Entry], after: &mut [Entry]) {
+        let first_change = before
+            .iter()
+            .zip(after.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        for e in &mut after[first_change..] {
+            if self.conversation.items[e.index as usize].thinking.is_some() {
+                e.stripped = true;
+            }
+        }
+    }
+
+    /// What a re-compaction of `entries` aims at. The ratio applies to the
+    /// room left after what no re-compaction can remove (pinned items,
+    /// kept roles, the last `keep_last_n`): a large system prompt or task
+    /// otherwise leaves a target with no room for the next turns. And it
+    /// frees at least [`TURNS_OF_ROOM`] times the recent units' mean size,
+    /// so that a conversation of large tool results is not re-compacted
+    /// on nearly every turn.
+    fn target_for(&self, entries: &[Entry]) -> usize {
+        let keep_last = self.policy.engine.keep_last_n;
+        let recent = entries.len().saturating_sub(keep_last);
+        let fixed: usize = entries
+            .iter()
+            .enumerate()
+            .filter(|(k, e)| {
+                let i = e.index as usize;
+                *k >= recent
+                    || self.pins[i]
+                    || self
+                        .policy
+                        .engine
+                        .keep_roles
+                        .contains(&self.conversation.items[i].role)
+            })
+            .map(|(_, e)| self.chars(e))
+            .sum();
+        if fixed >= self.budget {
+            return self.budget;
+        }
+        let room = self.budget - fixed;
+        let by_ratio = fixed + (room as f64 * self.policy.stable_target_ratio) as usize;
+        let by_turns = self
+            .budget
+            .saturating_sub(TURNS_OF_ROOM * self.recent_unit_chars(entries));
+        by_ratio.min(by_turns).max(fixed)
+    }
+
+    /// The mean size of the form's last [`RECENT_UNITS`] units (a tool
+    /// group, or one item): what the next turns will likely add.
+    fn recent_unit_chars(&self, entries: &[Entry]) -> usize {
+        let mut units = 0;
+        let mut chars = 0;
+        let mut k = entries.len();
+        while k > 0 && units < RECENT_UNITS {
+            let group = self.conversation.items[entries[k - 1].index as usize].group;
+            loop {
+                k -= 1;
+                chars += self.chars(&entries[k]);
+                let before = k
+                    .checked_sub(1)
+                    .map(|j| self.conversation.items[entries[j].index as usize].group);
+                if group.is_none() || before != Some(group) {
+                    break;
+                }
+            }
+            units += 1;
+        }
+        chars / units.max(1)
+    }
+
+    fn compact(&self, entries: &[Entry], head_len: usize, target: usize) -> Vec<Entry> {
+        let entries = self.agent_passes(entries, head_len, target);
         let messages: Vec<Message> = entries
             .iter()
             .enumerate()
@@ -474,7 +567,7 @@ impl<'a> Replay<'a> {
             })
             .collect();
         let mut policy = self.policy.engine.clone();
-        policy.budget_chars = self.target;
+        policy.budget_chars = target;
         let report = engine::compact_cached(&messages, &policy, &*self.policy.analyses);
         report
             .messages
@@ -495,7 +588,7 @@ impl<'a> Replay<'a> {
     /// The agent passes over the running form, down to the target: only
     /// entries outside the head that no pass or trim has touched yet are
     /// candidates, so each edit stays a pure function of its item.
-    fn agent_passes(&self, entries: &[Entry], head_len: usize) -> Vec<Entry> {
+    fn agent_passes(&self, entries: &[Entry], head_len: usize, target: usize) -> Vec<Entry> {
         let form = Conversation {
             items: entries
                 .iter()
@@ -524,7 +617,7 @@ impl<'a> Replay<'a> {
             })
             .collect();
         // Relevance to the form's latest request, like the engine's below.
-        if self.policy.agent.any_pass() && form.total_chars() > self.target {
+        if self.policy.agent.any_pass() && form.total_chars() > target {
             let messages: Vec<Message> = form
                 .items
                 .iter()
@@ -535,7 +628,7 @@ impl<'a> Replay<'a> {
         let edits = agent::run(
             &form,
             &untouchable,
-            self.target,
+            target,
             &self.policy.agent,
             &|k, call| {
                 call < 32

@@ -238,14 +238,16 @@ fn read_messages<'a>(
                                     .extend((before..w.texts.len()).map(|_| id.to_owned()));
                             }
                         }
-                        "thinking" => {
-                            item.fixed_chars += b.thinking.as_deref().map_or(0, char_count);
+                        "thinking" | "redacted_thinking" => {
+                            let chars = if b.kind == "thinking" {
+                                b.thinking.as_deref().map_or(0, char_count)
+                            } else {
+                                b.data.as_deref().map_or(0, char_count)
+                            };
+                            item.fixed_chars += chars;
+                            *item.thinking.get_or_insert(0) += chars;
                             w.unmarkable.push(element);
-                            others += 1;
-                        }
-                        "redacted_thinking" => {
-                            item.fixed_chars += b.data.as_deref().map_or(0, char_count);
-                            w.unmarkable.push(element);
+                            w.thinking.push(element);
                             others += 1;
                         }
                         kind if MEDIA_BLOCKS.contains(&kind) => others += 1,

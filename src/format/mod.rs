@@ -162,6 +162,11 @@ pub struct Item {
     pub piece_chars: Vec<usize>,
     /// With `piece_chars`: the call each piece answers.
     pub piece_answers: Vec<String>,
+    /// Chars of the reasoning blocks the item carries that are bound to
+    /// their prefix (Anthropic `thinking` and `redacted_thinking`, whose
+    /// signature the API checks against everything before it); `None`
+    /// when it carries none. They are part of `fixed_chars`.
+    pub thinking: Option<usize>,
 }
 
 impl Item {
@@ -176,6 +181,7 @@ impl Item {
             answers: None,
             piece_chars: Vec::new(),
             piece_answers: Vec::new(),
+            thinking: None,
         }
     }
 
@@ -212,6 +218,9 @@ pub struct Planned {
     /// one (`text` is then their join); `None`: `text` is spread over the
     /// pieces as one text.
     pub pieces: Option<Vec<String>>,
+    /// Forward the item without its prefix-bound reasoning blocks
+    /// ([`Item::thinking`]): something before it changed.
+    pub strip_thinking: bool,
 }
 
 impl Planned {
@@ -221,6 +230,7 @@ impl Planned {
             text: None,
             arguments: Vec::new(),
             pieces: None,
+            strip_thinking: false,
         }
     }
 }

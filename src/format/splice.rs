@@ -121,6 +121,8 @@ pub(crate) struct WireItem<'a> {
     /// Elements a moved marker must not land on, because the API refuses
     /// them there or their bytes must stay as they came (thinking blocks).
     pub unmarkable: Vec<ElementRef>,
+    /// Prefix-bound reasoning blocks, which a plan may strip.
+    pub thinking: Vec<ElementRef>,
     /// Tool-call argument strings, one per tool call of the item, in order
     /// (`None` for a call whose arguments cannot be replaced, such as a
     /// custom tool's free-form input), so a plan's call position finds its
@@ -309,6 +311,9 @@ impl Parsed<'_> {
             if let Some(new) = &p.text {
                 item.set_text(wire, new, p.pieces.as_deref());
             }
+            if p.strip_thinking {
+                item.strip_thinking(wire);
+            }
             for (call, args) in &p.arguments {
                 if let Some(Some((span, form))) = wire.arguments.get(*call) {
                     let value = match form {
@@ -391,6 +396,22 @@ impl<'a> Written<'a> {
             edits: Edits::default(),
             removed: wire.arrays.iter().map(|a| vec![false; a.len()]).collect(),
             pending_markers: Vec::new(),
+        }
+    }
+
+    /// Removes the item's reasoning blocks, unless that would empty their
+    /// content array (an item of reasoning alone keeps it: the API refuses
+    /// an empty content).
+    fn strip_thinking(&mut self, wire: &WireItem) {
+        for e in &wire.thinking {
+            self.removed[e.array][e.index] = true;
+        }
+        for (flags, a) in self.removed.iter_mut().zip(0..) {
+            if !flags.is_empty() && flags.iter().all(|&r| r) {
+                for e in wire.thinking.iter().filter(|e| e.array == a) {
+                    flags[e.index] = false;
+                }
+            }
         }
     }
 

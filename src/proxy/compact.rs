@@ -214,12 +214,19 @@ pub fn outcome_of(
     })
 }
 
+/// The skip reason of a body over its budget that has nothing to remove.
+pub const NOTHING_REMOVABLE: &str = "nothing-removable";
+
 /// How a compactable body is reported; only `Compacted` forwards the rewrite.
 pub fn status_of(policy: &CompiledPolicy, outcome: &Outcome) -> Status {
     if policy.dry_run {
         Status::DryRun
     } else if outcome.rewritten.is_some() {
         Status::Compacted
+    } else if !outcome.loss.budget_met {
+        // Over its budget, yet nothing in it may go (pins, kept roles,
+        // the last turns): not "unchanged", which says it fit.
+        Status::Skipped(NOTHING_REMOVABLE)
     } else {
         Status::Unchanged
     }

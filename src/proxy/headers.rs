@@ -113,6 +113,7 @@ const TRIMMED_MESSAGES: HeaderName = HeaderName::from_static("x-compaction-trimm
 const PRUNED_CHARS: HeaderName = HeaderName::from_static("x-compaction-pruned-chars");
 const CLIPPED_CHARS: HeaderName = HeaderName::from_static("x-compaction-clipped-chars");
 const DEDUPED_TOOL_CHARS: HeaderName = HeaderName::from_static("x-compaction-deduped-tool-chars");
+const STRIPPED_THINKING: HeaderName = HeaderName::from_static("x-compaction-stripped-thinking");
 const INPUT_TOKENS: HeaderName = HeaderName::from_static("x-compaction-input-tokens");
 const OUTPUT_TOKENS: HeaderName = HeaderName::from_static("x-compaction-output-tokens");
 const BUDGET_TOKENS: HeaderName = HeaderName::from_static("x-compaction-budget-tokens");
@@ -128,7 +129,7 @@ pub fn write_loss_report(
     policy: &str,
     loss: Option<&LossSummary>,
 ) {
-    headers.reserve(if loss.is_some() { 16 } else { 2 });
+    headers.reserve(if loss.is_some() { 17 } else { 2 });
     let status = match status {
         Status::Skipped(_) => HeaderValue::try_from(status.header()),
         other => Ok(HeaderValue::from_static(other.label())),
@@ -142,7 +143,7 @@ pub fn write_loss_report(
     let Some(loss) = loss else { return };
     let tokens = loss.input_tokens.zip(loss.output_tokens);
     let (input_tokens, output_tokens) = tokens.unzip();
-    let counts: [(HeaderName, Option<usize>); 13] = [
+    let counts: [(HeaderName, Option<usize>); 14] = [
         (INPUT_CHARS, Some(loss.input_chars)),
         (OUTPUT_CHARS, Some(loss.output_chars)),
         (INPUT_MESSAGES, Some(loss.input_messages)),
@@ -153,6 +154,11 @@ pub fn write_loss_report(
         (PRUNED_CHARS, Some(loss.pruned_chars)),
         (CLIPPED_CHARS, Some(loss.clipped_chars)),
         (DEDUPED_TOOL_CHARS, Some(loss.deduped_tool_chars)),
+        // Only where preserved thinking made the proxy strip reasoning.
+        (
+            STRIPPED_THINKING,
+            (loss.stripped_thinking > 0).then_some(loss.stripped_thinking),
+        ),
         (INPUT_TOKENS, input_tokens),
         (OUTPUT_TOKENS, output_tokens),
         (BUDGET_TOKENS, loss.budget_tokens),
@@ -161,7 +167,7 @@ pub fn write_loss_report(
     // ratio of exactly 1 are static values; the other figures share one
     // buffer.
     let mut text = bytes::BytesMut::with_capacity(128);
-    let mut spans: [Option<(usize, usize)>; 13] = [None; 13];
+    let mut spans: [Option<(usize, usize)>; 14] = [None; 14];
     let mut digits = itoa::Buffer::new();
     for (span, (_, count)) in spans.iter_mut().zip(&counts) {
         if let Some(count) = count.filter(|&count| count != 0) {
@@ -381,6 +387,7 @@ mod tests {
             pruned_chars: 30,
             clipped_chars: 0,
             deduped_tool_chars: 18446744073709551615,
+            stripped_thinking: 0,
             input_tokens: None,
             output_tokens: None,
             budget_tokens: Some(250),

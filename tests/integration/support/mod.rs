@@ -75,6 +75,25 @@ pub enum Behavior {
     /// `"stream": true`. The output text is `"received N items"` (a string
     /// `input` is one item).
     OpenAiResponses,
+    /// Answers a Messages request with what the function makes of its JSON
+    /// body: `Ok(message)` as a message (or its SSE stream when the request
+    /// has `"stream": true`), `Err(error)` as a 400 with that body.
+    AnthropicWith(AnthropicFn),
+}
+
+/// The function of [`Behavior::AnthropicWith`].
+#[derive(Clone)]
+#[allow(clippy::type_complexity)]
+pub struct AnthropicFn(
+    pub  Arc<
+        dyn Fn(&serde_json::Value) -> Result<serde_json::Value, serde_json::Value> + Send + Sync,
+    >,
+);
+
+impl std::fmt::Debug for AnthropicFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AnthropicFn")
+    }
 }
 
 #[derive(Default)]
@@ -290,6 +309,21 @@ impl MockUpstream {
                     self.sse(anthropic_events(&message), Duration::from_millis(2), false)
                 } else {
                     json_response(&message)
+                }
+            }
+            Behavior::AnthropicWith(answer) => {
+                let request: serde_json::Value =
+                    serde_json::from_slice(&self.last().body).unwrap_or_default();
+                match (answer.0)(&request) {
+                    Ok(message) if request["stream"] == serde_json::Value::Bool(true) => {
+                        self.sse(anthropic_events(&message), Duration::from_millis(1), false)
+                    }
+                    Ok(message) => json_response(&message),
+                    Err(error) => {
+                        let mut refused = json_response(&error);
+                        *refused.status_mut() = StatusCode::BAD_REQUEST;
+                        refused
+                    }
                 }
             }
             Behavior::OpenAiResponses => {

@@ -1,0 +1,163 @@
+//! Preserved thinking: what a compaction must do to the reasoning blocks of
+//! the turns it keeps.
+//!
+//! Anthropic's models with preserved thinking sign each `thinking` block
+//! against its prefix: the system prompt, the tools and every message
+//! before it, as sent when the block was produced. A request that sends the
+//! block back after any of that changed fails the API's prefix check (a 400,
+//! or the block silently ignored, depending on the model), and so does one
+//! where a block between others was left out. Compaction changes earlier
+//! messages by definition, so the proxy follows the API's rule for a
+//! gateway that trims history: it forwards a kept turn **without** its
+//! reasoning blocks once something before that turn differs from what the
+//! model saw when it produced them. A turn whose prefix is as the model saw
+//! it keeps its blocks byte for byte.
+//!
+//! What the model saw depends on the mode:
+//! - **exact**: each request is compacted on its own, so a block's prefix
+//!   is known only while it was forwarded as it came, that is while the
+//!   request that produced it fit its budget. A block is kept when that
+//!   request fit and nothing before the block changes now; from the first
+//!   block that fails this, every later block goes too (each saw the ones
+//!   before it).
+//! - **stable**: the replay knows exactly what each earlier turn forwarded
+//!   ([`super::stable`]); a re-compaction strips the blocks of every entry
+//!   from its first changed position on, and that choice stays part of the
+//!   form, so later turns forward the same bytes.
+//!
+//! Pure: it only marks [`Planned::strip_thinking`].
+
+use crate::format::{Conversation, Plan, Planned};
+
+/// Exact mode: marks the planned items whose reasoning is stale. The items
+/// before position `p` of `plan` were forwarded, when item `plan[p]` was
+/// produced, only if the request of its time (`items[..index]` plus what
+/// lies outside the array) fit `budget_chars`. Returns how many items lose
+/// their reasoning.
+pub fn strip_stale_exact(
+    conversation: &Conversation,
+    plan: &mut Plan,
+    budget_chars: usize,
+) -> usize {
+    let items = &conversation.items;
+    if !items.iter().any(|item| item.thinking.is_some()) {
+        return 0;
+    }
+    // Chars of each request of the past: the outside plus items[..i].
+    let mut prefix_chars = conversation.outside_chars;
+    let mut next_item = 0;
+    let mut unchanged_so_far = true;
+    let mut stale = false;
+    let mut stripped = 0;
+    for (position, planned) in plan.items.iter_mut().enumerate() {
+        let item = &items[planned.index];
+        while next_item < planned.index {
+            prefix_chars += items[next_item].chars();
+            next_item += 1;
+        }
+        // Every item before this one is forwarded, as it came.
+        unchanged_so_far &= planned.index == position;
+        if item.thinking.is_some() {
+            let fit_then = prefix_chars <= budget_chars;
+            stale |= !(unchanged_so_far && fit_then);
+            if stale {
+                planned.strip_thinking = true;
+                stripped += 1;
+            }
+        }
+        unchanged_so_far &= is_verbatim(planned);
+    }
+    stripped
+}
+
+/// Whether a planned item is forwarded as it came.
+pub(crate) fn is_verbatim(planned: &Planned) -> bool {
+    planned.text.is_none() && planned.arguments.is_empty() && !planned.strip_thinking
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Role;
+    use crate::format::Item;
+
+    fn thinking_turn(text: &str) -> Item {
+        let mut item = Item::new(Role::Assistant, text);
+        item.thinking = Some(10);
+        item.fixed_chars = 10;
+        item
+    }
+
+    fn conversation() -> Conversation {
+        Conversation {
+            items: vec![
+                Item::new(Role::User, "u".repeat(50)),
+                thinking_turn("a1"),
+                Item::new(Role::User, "u".repeat(50)),
+                thinking_turn("a2"),
+                Item::new(Role::User, "now"),
+            ],
+            outside_chars: 0,
+        }
+    }
+
+    fn plan_of(indices: &[usize]) -> Plan {
+        Plan {
+            items: indices.iter().map(|&i| Planned::verbatim(i)).collect(),
+        }
+    }
+
+    fn stripped(plan: &Plan) -> Vec<usize> {
+        plan.items
+            .iter()
+            .filter(|p| p.strip_thinking)
+            .map(|p| p.index)
+            .collect()
+    }
+
+    #[test]
+    fn a_drop_before_a_turn_strips_it_and_every_later_turn() {
+        let c = conversation();
+        let mut plan = plan_of(&[1, 2, 3, 4]);
+        assert_eq!(strip_stale_exact(&c, &mut plan, 10_000), 2);
+        assert_eq!(stripped(&plan), [1, 3]);
+    }
+
+    #[test]
+    fn a_drop_right_before_a_turn_strips_it() {
+        let c = conversation();
+        let mut plan = plan_of(&[0, 3, 4]);
+        assert_eq!(strip_stale_exact(&c, &mut plan, 10_000), 1);
+        assert_eq!(stripped(&plan), [3]);
+    }
+
+    #[test]
+    fn turns_before_the_first_change_keep_their_reasoning() {
+        let c = conversation();
+        // Item 2 trimmed: item 1 saw an unchanged prefix, item 3 did not.
+        let mut plan = plan_of(&[0, 1, 2, 3, 4]);
+        plan.items[2].text = Some("u".into());
+        assert_eq!(strip_stale_exact(&c, &mut plan, 10_000), 1);
+        assert_eq!(stripped(&plan), [3]);
+    }
+
+    #[test]
+    fn a_turn_produced_by_a_request_over_its_budget_is_stale_even_unchanged() {
+        let c = conversation();
+        // items[..3] came to 112 chars: that request was compacted, so
+        // what turn 3 saw is unknown now, and item 4 was dropped.
+        let mut plan = plan_of(&[0, 1, 2, 3]);
+        assert_eq!(strip_stale_exact(&c, &mut plan, 100), 1);
+        assert_eq!(stripped(&plan), [3]);
+    }
+
+    #[test]
+    fn a_conversation_without_reasoning_is_left_alone() {
+        let c = Conversation {
+            items: vec![Item::new(Role::User, "a"), Item::new(Role::Assistant, "b")],
+            outside_chars: 0,
+        };
+        let mut plan = plan_of(&[1]);
+        assert_eq!(strip_stale_exact(&c, &mut plan, 1), 0);
+    }
+}
