@@ -449,19 +449,31 @@ mod tests {
     fn a_moved_cache_control_never_lands_on_a_thinking_block() {
         let marker = json!({"type": "ephemeral"});
         let thinking = json!({"type": "thinking", "thinking": "plan", "signature": "sig"});
+        // The thinking turn comes before the dropped message, so it keeps
+        // its reasoning (nothing before it changed), and the marker of the
+        // dropped message passes over the thinking block nearest to it.
         let body = json!({
             "messages": [
                 {"role": "user", "content": "task"},
-                {"role": "assistant", "content": [{"type": "text", "text": long("old"), "cache_control": marker}]},
-                {"role": "user", "content": long("older")},
-                {"role": "assistant", "content": [thinking, {"type": "text", "text": "ok"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "ok"}, thinking]},
+                {"role": "user", "content": [{"type": "text", "text": long("older"), "cache_control": marker}]},
+                {"role": "assistant", "content": long("fine")},
                 {"role": "user", "content": "last"}
             ]
         });
-        let out = compact(&body, 60, 2).expect("compacted");
+        // The plan the engine could make: the two long messages go.
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let parsed = Format::Anthropic.parse(&bytes, usize::MAX).unwrap();
+        let plan = crate::format::Plan {
+            items: [0, 1, 4]
+                .into_iter()
+                .map(crate::format::Planned::verbatim)
+                .collect(),
+        };
+        let out: Value = serde_json::from_str(&parsed.splice(&plan)).unwrap();
         let kept = &out["messages"][1]["content"];
-        assert_eq!(kept[0], thinking, "{out}");
-        assert_eq!(kept[1]["cache_control"], marker, "{out}");
+        assert_eq!(kept[1], thinking, "{out}");
+        assert_eq!(kept[0]["cache_control"], marker, "{out}");
     }
 
     #[test]
