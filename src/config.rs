@@ -163,10 +163,10 @@ impl Default for CacheConfig {
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Compact each request on its own.
-    #[default]
     Exact,
     /// Keep the forwarded prefix stable across turns, so prompt caching
     /// keeps working ([`crate::compaction::stable`]).
+    #[default]
     Stable,
 }
 
@@ -307,8 +307,8 @@ fn default_tokenizer_fallback() -> String {
 }
 
 fn default_max_tool_result_chars() -> usize {
-    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
-    crate::compaction::agent::AgentPolicy::OFF.max_tool_result_chars
+    // On by default: what coding agents send (measured in docs/agents.md).
+    crate::compaction::agent::AgentPolicy::DEFAULT.max_tool_result_chars
 }
 fn default_protect_tool_chars() -> usize {
     crate::compaction::agent::AgentPolicy::DEFAULT.protect_tool_chars
@@ -320,12 +320,12 @@ fn default_prune_minimum_chars() -> usize {
     crate::compaction::agent::AgentPolicy::DEFAULT.prune_minimum_chars
 }
 fn default_max_arg_chars() -> usize {
-    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
-    crate::compaction::agent::AgentPolicy::OFF.max_arg_chars
+    // On by default: what coding agents send (measured in docs/agents.md).
+    crate::compaction::agent::AgentPolicy::DEFAULT.max_arg_chars
 }
 fn default_tool_duplicate_threshold() -> f64 {
-    // Off unless set: the agent passes rewrite tool traffic, an opt-in.
-    crate::compaction::agent::AgentPolicy::OFF.tool_duplicate_threshold
+    // On by default: what coding agents send (measured in docs/agents.md).
+    crate::compaction::agent::AgentPolicy::DEFAULT.tool_duplicate_threshold
 }
 
 impl Default for PolicyConfig {
@@ -338,7 +338,7 @@ impl Default for PolicyConfig {
             keep_roles: vec![Role::System, Role::Developer],
             duplicate_threshold: Policy::DEFAULT_DUPLICATE_THRESHOLD,
             max_message_chars: 4000,
-            mode: Mode::Exact,
+            mode: Mode::Stable,
             pin_first_user: true,
             pin_patterns: Vec::new(),
             allow_bypass: true,

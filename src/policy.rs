@@ -71,7 +71,7 @@ pub struct CompiledPolicy {
     pub stable_head_ratio: f64,
     /// Tool-result pruning, argument clipping, tool dedupe and triggers.
     pub agent: crate::compaction::agent::AgentPolicy,
-    /// A token budget beside the char budget (exact mode).
+    /// A token budget beside the char budget.
     pub budget_tokens: Option<usize>,
     /// The encoding for models the token table does not know.
     pub tokenizer_fallback: Encoding,
@@ -80,7 +80,7 @@ pub struct CompiledPolicy {
     /// on reload; a disabled store for a policy built outside a runtime.
     pub analyses: Arc<AnalysisStore>,
     /// `budget = "auto"`: each request's token budget comes from its
-    /// model's context window (exact mode).
+    /// model's context window.
     pub auto_budget: Option<AutoBudget>,
 }
 
@@ -591,18 +591,6 @@ fn compile_policy(
             "must be \"o200k_base\" or \"cl100k_base\"".to_owned(),
         ));
     }
-    if (p.budget_tokens > 0 || p.trigger_tokens > 0) && p.mode == Mode::Stable {
-        problems.push((
-            "budget_tokens".into(),
-            "token budgets and triggers apply in exact mode only".to_owned(),
-        ));
-    }
-    if p.budget == BudgetMode::Auto && p.mode == Mode::Stable {
-        problems.push((
-            "budget".into(),
-            "\"auto\" is a token budget: it applies in exact mode only".to_owned(),
-        ));
-    }
     if p.budget == BudgetMode::Fixed && !p.context_windows.is_empty() {
         problems.push((
             "context_windows".into(),
@@ -848,7 +836,11 @@ mod tests {
                 .iter()
                 .any(|(p, m)| *p == path && m.contains(words))
         };
-        assert!(has("policies.a.budget", "exact mode only"), "{err}");
+        // Stable mode takes a token budget as exact mode does.
+        assert!(
+            !problems.iter().any(|(p, _)| *p == "policies.a.budget"),
+            "{err}"
+        );
         assert!(
             has("policies.a.context_windows.\"m\"", "at least 1"),
             "{err}"

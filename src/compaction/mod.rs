@@ -214,6 +214,16 @@ pub fn compact(
         };
         return compact_to_tokens(parsed, policy, encoding, budgets, triggered);
     }
+    // Stable mode replays within the token budget as well.
+    let stable_tokens = token_budget
+        .zip(encoding)
+        .map(|((tokens, chars), encoding)| stable::TokenBudget {
+            encoding,
+            tokens,
+            chars,
+        });
+    let budget = stable_tokens.map_or(budget, |t| t.chars);
+    let fits_tokens = || stable_tokens.is_none_or(|t| count_input() <= t.tokens);
     let mut edits = agent::AgentEdits::default();
     // Items the dedupe stage removed (exact mode; stable mode's replay
     // reports its removals as drops).
@@ -230,7 +240,7 @@ pub fn compact(
             }
         }
         crate::config::Mode::Stable if !triggered => (None, None),
-        crate::config::Mode::Stable if total <= budget => {
+        crate::config::Mode::Stable if total <= budget && fits_tokens() => {
             // Every prefix fits too: the replay would only have appended.
             let prev = stable::previous_turn_end(conversation);
             let info = stable::StableInfo {
@@ -242,7 +252,7 @@ pub fn compact(
             (None, Some(info))
         }
         crate::config::Mode::Stable => {
-            let replayed = stable::replay(parsed, policy, checkpoints);
+            let replayed = stable::replay(parsed, policy, stable_tokens, checkpoints);
             edits = replayed.edits;
             let plan = changes(&replayed.plan, conversation.items.len()).then_some(replayed.plan);
             (plan, Some(replayed.info))
@@ -268,6 +278,22 @@ pub fn compact(
         rebased: info.rebased && plan.is_some(),
         ..info
     });
+    let loss = match stable_tokens {
+        Some(t) => {
+            let input = count_input();
+            let output = plan
+                .as_ref()
+                .map_or(input, |p| t.encoding.plan(conversation, p));
+            LossSummary {
+                budget_met: loss.budget_met && output <= t.tokens,
+                input_tokens: Some(input),
+                output_tokens: Some(output),
+                budget_tokens: Some(t.tokens),
+                ..loss
+            }
+        }
+        None => loss,
+    };
     Compacted {
         plan,
         loss: within_triggers(loss, triggered),

@@ -16,13 +16,16 @@ const FIXTURE: &str = concat!(
     "/tests/data/fixtures/agent-150-turns.json"
 );
 
-/// The shipped default policy, at `budget` chars, with `agent` passes
-/// (seed 002's values: the shipped config leaves them off).
+/// The shipped default policy's engine, at `budget` chars, in exact mode,
+/// with `agent` passes.
 fn default_policy(budget: usize, agent: AgentPolicy) -> CompiledPolicy {
     let config = config::load(None, Vec::new(), &Overrides::default()).expect("defaults load");
     let p = &config.policies["default"];
-    // Shipped off (an opt-in); the figures use seed 002's values.
-    assert_eq!(p.agent_policy().max_tool_result_chars, 0);
+    // Shipped on, at the values the figures use.
+    assert_eq!(
+        p.agent_policy().max_tool_result_chars,
+        AgentPolicy::DEFAULT.max_tool_result_chars
+    );
     assert_eq!(
         p.agent_policy().protect_tool_chars,
         AgentPolicy::DEFAULT.protect_tool_chars

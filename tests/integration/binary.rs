@@ -240,7 +240,7 @@ fn expected_compaction(toml: &str, body: &[u8]) -> (LossSummary, Option<String>)
 
 fn policy_toml(budget: usize) -> String {
     format!(
-        "[policies.default]\nbudget_chars = {budget}\nkeep_last_n = 2\npin_first_user = false\n"
+        "[policies.default]\nbudget_chars = {budget}\nkeep_last_n = 2\npin_first_user = false\n{ENGINE_ONLY}"
     )
 }
 

@@ -14,6 +14,7 @@ mod format_fixtures;
 mod format_properties;
 mod format_rules;
 mod format_stable;
+mod header_consistency;
 mod hostile;
 mod metrics_scrape;
 mod openai_properties;

@@ -16,12 +16,14 @@ const ROUTE: &str = "/v1/chat/completions";
 
 const CONFIG: &str = r#"
 [policies.default]
+mode = "exact"
 budget_chars = 400
 keep_last_n = 1
 pin_first_user = false
 max_message_chars = 100
 
 [policies.small]
+mode = "exact"
 budget_chars = 100
 budget_tokens = 50              # exercises the token families
 keep_last_n = 1

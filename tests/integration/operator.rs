@@ -567,7 +567,7 @@ async fn a_stream_that_delivered_its_terminal_event_is_complete_when_the_client_
 async fn deduplicated_messages_are_reported_apart_from_the_other_drops() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
     let proxy = TestProxy::start(
-        "[policies.default]\nbudget_chars = 200\nkeep_last_n = 1\npin_first_user = false",
+        "[policies.default]\nmode = \"exact\"\nbudget_chars = 200\nkeep_last_n = 1\npin_first_user = false",
         &upstream.url(),
     )
     .await;
@@ -618,8 +618,15 @@ fn the_readme_loss_report_is_what_the_proxy_computes_for_the_example() {
     let chat = std::fs::read(repo("examples/chat-body.json")).unwrap();
     let rt = runtime("", "http://127.0.0.1:1");
     let policy = rt.policy("default").unwrap();
-    let (report, _) = ChatBody::parse(&chat).unwrap().compact(&policy);
-    let loss = LossSummary::from_report(&report);
+    let loss = compaction_proxy::proxy::compact::outcome_of(
+        &chat,
+        &policy,
+        compaction_proxy::format::Format::Chat,
+        usize::MAX,
+        &compaction_proxy::compaction::stable::NoCheckpoints,
+    )
+    .unwrap()
+    .loss;
     let expected = [
         ("status", "compacted".to_owned()),
         ("policy", "default".to_owned()),

@@ -4,7 +4,7 @@
 
 use crate::support::*;
 
-const POLICY: &str = "[policies.default]\nbudget_chars = 60\nkeep_last_n = 1\n\
+const POLICY: &str = "[policies.default]\nmode = \"exact\"\nbudget_chars = 60\nkeep_last_n = 1\n\
     pin_first_user = false\nscoring = \"relevance\"\n\
     relevance_goal_header = \"x-compaction-goal\"";
 
@@ -118,7 +118,7 @@ fn agent_body() -> serde_json::Value {
 
 fn agent_policy(scoring: &str) -> String {
     format!(
-        "[policies.default]\nbudget_chars = 1400\nkeep_last_n = 1\nscoring = \"{scoring}\"\n\
+        "[policies.default]\nmode = \"exact\"\nbudget_chars = 1400\nkeep_last_n = 1\nscoring = \"{scoring}\"\n\
          max_tool_result_chars = 100\nprotect_tool_chars = 0\nprune_minimum_chars = 0\n\
          max_arg_chars = 40\n"
     )
@@ -184,7 +184,7 @@ async fn cached_analyses_forward_the_same_bytes_as_a_cold_compaction() {
     let policy = |analyses: u64| {
         format!(
             "[cache]\nmax_bytes = 0\nrelevance_max_bytes = {analyses}\n\
-             [policies.default]\nbudget_chars = 900\nkeep_last_n = 2\nscoring = \"relevance\"\n"
+             [policies.default]\nmode = \"exact\"\nbudget_chars = 900\nkeep_last_n = 2\nscoring = \"relevance\"\n"
         )
     };
     let earlier = turns_body(12, &[3]);

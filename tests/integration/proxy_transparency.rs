@@ -21,7 +21,7 @@ fn policy_toml(name: &str, budget: usize, keep_last_n: usize, max_message_chars:
     format!(
         "[policies.{name}]\nbudget_chars = {budget}\nkeep_last_n = {keep_last_n}\nkeep_roles = [\"system\"]\n\
          duplicate_threshold = 0.9\nmax_message_chars = {max_message_chars}\npin_first_user = false\n\
-         pin_patterns = []\nallow_bypass = false\ndry_run = false\n"
+         pin_patterns = []\nallow_bypass = false\ndry_run = false\n{ENGINE_ONLY}"
     )
 }
 

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use compaction_proxy::cache::CheckpointStore;
 use compaction_proxy::config::Mode;
 use compaction_proxy::engine::{Policy, Role};
+use compaction_proxy::format::Format;
 use compaction_proxy::policy::CompiledPolicy;
 use serde_json::Value;
 use sim::*;
@@ -312,4 +313,81 @@ async fn stable_turns_are_counted_in_metrics() {
         1.0,
         "{metrics}"
     );
+}
+
+/// Stable mode under `toml`'s token budget: every forwarded turn within
+/// `budget_tokens` (by the o200k tokenizer gpt-4o uses), most turns
+/// extending the previous one, and the token headers' figures.
+fn check_token_budget(toml: &str, budget_tokens: usize) {
+    let runtime = runtime(toml, "http://127.0.0.1:9");
+    let policy = runtime.policy("default").unwrap();
+    let (history, ends) = coding_agent(80, 11, 25);
+    let requests = requests(&history, &ends);
+    let store = CheckpointStore::new(16 << 20);
+    let stable = bill(&requests, Some(&policy), &store);
+    let encoding = compaction_proxy::compaction::tokens::Encoding::O200kBase;
+    let mut outgrown = 0;
+    for (turn, (request, body)) in requests.iter().zip(&stable.forwarded).enumerate() {
+        let sent = Format::Chat.parse(request, usize::MAX).unwrap();
+        let forwarded = Format::Chat.parse(body, usize::MAX).unwrap();
+        let tokens = encoding.conversation(&forwarded.conversation);
+        assert!(
+            tokens <= budget_tokens,
+            "turn {turn}: {tokens} tokens over {budget_tokens}"
+        );
+        outgrown += usize::from(encoding.conversation(&sent.conversation) > budget_tokens);
+    }
+    assert!(
+        outgrown > 20,
+        "the history outgrew the budget on {outgrown} turns only"
+    );
+    assert!(
+        stable.extending_share() >= 0.8,
+        "{:.2} of turns extend the previous one",
+        stable.extending_share()
+    );
+}
+
+#[test]
+fn stable_mode_keeps_every_turn_within_a_token_budget() {
+    check_token_budget(
+        "[policies.default]\nmode = \"stable\"\nbudget_chars = 10000000\nbudget_tokens = 6000",
+        6000,
+    );
+}
+
+#[test]
+fn stable_mode_keeps_every_turn_within_an_auto_budget() {
+    // The window less the requested output (none) less the reserve.
+    check_token_budget(
+        "[policies.default]\nmode = \"stable\"\nbudget = \"auto\"\nreserve_tokens = 2000\ncontext_windows = { \"gpt-4o\" = 9000 }",
+        7000,
+    );
+}
+
+#[tokio::test]
+async fn stable_mode_reports_tokens_in_its_headers() {
+    let upstream = MockUpstream::start(Behavior::OpenAiChat).await;
+    let proxy = TestProxy::start(
+        "[policies.default]\nmode = \"stable\"\nbudget_tokens = 3000",
+        &upstream.url(),
+    )
+    .await;
+    let (history, ends) = coding_agent(40, 3, 25);
+    let body = requests(&history, &ends).pop().unwrap();
+    let answer = send(post_json(&proxy.url("/v1/chat/completions"), body)).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(answer.header("x-compaction-budget-tokens"), Some("3000"));
+    let out: usize = answer
+        .header("x-compaction-output-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let input: usize = answer
+        .header("x-compaction-input-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(out <= 3000 && input > out, "{input} -> {out}");
+    assert_eq!(answer.header("x-compaction-budget-met"), Some("true"));
 }

@@ -852,3 +852,8 @@ pub fn compaction_headers(headers: &HeaderMap) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// Policy keys for the engine of `COMPACTION.md` on its own: exact mode,
+/// no agent passes (the shipped default is stable mode with the passes on).
+pub const ENGINE_ONLY: &str =
+    "mode = \"exact\"\nmax_tool_result_chars = 0\nmax_arg_chars = 0\ntool_duplicate_threshold = 0\n";
