@@ -32,6 +32,7 @@ fn event() -> RequestEvent {
             pruned_chars: 0,
             clipped_chars: 0,
             deduped_tool_chars: 0,
+            stripped_thinking: 0,
             input_tokens: None,
             output_tokens: None,
             budget_tokens: None,

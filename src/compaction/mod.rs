@@ -223,7 +223,7 @@ pub fn compact(
             chars,
         });
     let budget = stable_tokens.map_or(budget, |t| t.chars);
-    let fits_tokens = || stable_tokens.is_none_or(|t| count_input() <= t.tokens);
+    let fits_tokens = || stable_tokens.map_or(true, |t| count_input() <= t.tokens);
     let mut edits = agent::AgentEdits::default();
     // Items the dedupe stage removed (exact mode; stable mode's replay
     // reports its removals as drops).

@@ -30,13 +30,15 @@ fn case() -> impl Strategy<Value = Case> {
         1usize..6,
         prop_oneof![Just(0usize), 100usize..4000],
     )
-        .prop_map(|(lengths, budget, stable, keep_last_n, trigger_chars)| Case {
-            lengths,
-            budget,
-            stable,
-            keep_last_n,
-            trigger_chars,
-        })
+        .prop_map(
+            |(lengths, budget, stable, keep_last_n, trigger_chars)| Case {
+                lengths,
+                budget,
+                stable,
+                keep_last_n,
+                trigger_chars,
+            },
+        )
 }
 
 fn messages(lengths: &[usize]) -> Vec<Value> {
@@ -72,7 +74,10 @@ async fn check(case: Case) -> Result<(), TestCaseError> {
     for end in (1..=all.len()).step_by(2) {
         let body = json!({"model": "m", "messages": &all[..end]}).to_string();
         let answer = send(post_json(&proxy.url("/v1/chat/completions"), body)).await;
-        let status = answer.header("x-compaction-status").unwrap_or("").to_owned();
+        let status = answer
+            .header("x-compaction-status")
+            .unwrap_or("")
+            .to_owned();
         let budget_met = answer.header("x-compaction-budget-met");
         let rebased = answer.header("x-compaction-rebased");
         if status == "unchanged" {
@@ -88,10 +93,21 @@ async fn check(case: Case) -> Result<(), TestCaseError> {
         }
         if status == "compacted" {
             let (input, output): (usize, usize) = (
-                answer.header("x-compaction-input-chars").unwrap().parse().unwrap(),
-                answer.header("x-compaction-output-chars").unwrap().parse().unwrap(),
+                answer
+                    .header("x-compaction-input-chars")
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
+                answer
+                    .header("x-compaction-output-chars")
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
             );
-            prop_assert!(output < input, "compacted forwards less: {input} -> {output}");
+            prop_assert!(
+                output < input,
+                "compacted forwards less: {input} -> {output}"
+            );
         }
     }
     Ok(())
