@@ -177,6 +177,7 @@ pub fn report_for<'a>(
 ) -> Result<RequestReport<'a>, Skip> {
     let checkpoints = crate::compaction::stable::NoCheckpoints;
     let parsed = format.parse(input, max_messages)?;
+    crate::proxy::compact::refuse_agent_compaction(&parsed, policy)?;
     // The proxy's own compaction (crate::proxy::compact::outcome_of).
     let compacted = crate::compaction::compact(&parsed, policy, &checkpoints);
     let conversation = &parsed.conversation;
@@ -197,6 +198,12 @@ pub fn report_for<'a>(
     at_budget.engine.budget_chars = compacted.budget_chars;
     let (_, _, report) = crate::compaction::run_passes(&parsed, &at_budget);
     let mut lines = fates(&report, &roles);
+    for line in &mut lines {
+        // The format's own reason to keep it whole says more than "pinned".
+        if let Some(why) = conversation.items[line.index].why_fixed {
+            line.reason = format!("kept whole: {why}");
+        }
+    }
     attach_decisions(&mut lines, decisions);
     Ok(RequestReport {
         policy: name,
