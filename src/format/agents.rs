@@ -11,8 +11,9 @@
 //!   detailed summary of the conversation so far";
 //! - **Codex** with a custom provider (Responses): the input ends in a user
 //!   message starting "You are performing a CONTEXT CHECKPOINT COMPACTION",
-//!   and the request offers no tools (`tools: []`) or says
-//!   `metadata.request_kind: "compaction"`;
+//!   and the request offers no tools (`tools: []`) or says `request_kind:
+//!   "compaction"` (in `metadata`, or in `client_metadata`'s
+//!   `x-codex-turn-metadata`);
 //! - **opencode** (chat completions): a system message starting "You are a
 //!   context summarization agent", then one user message holding the
 //!   conversation as text, and no tools.
@@ -77,11 +78,22 @@ impl Parsed<'_> {
                 if !starts {
                     return None;
                 }
-                let [tools, metadata] = read_top(self.body, ["tools", "metadata"]).ok()?;
+                let [tools, metadata, client] =
+                    read_top(self.body, ["tools", "metadata", "client_metadata"]).ok()?;
                 let kind = metadata
                     .and_then(|m| read_top(m.get(), ["request_kind"]).ok())
                     .and_then(|[kind]| serde_json::from_str::<Cow<str>>(kind?.get()).ok());
-                (no_tools(tools) || kind.as_deref() == Some("compaction")).then_some(Agent::Codex)
+                // Codex also says it in its turn metadata, a JSON string.
+                let turn = client
+                    .and_then(|m| read_top(m.get(), ["x-codex-turn-metadata"]).ok())
+                    .and_then(|[turn]| serde_json::from_str::<Cow<str>>(turn?.get()).ok())
+                    .and_then(|turn| {
+                        let [kind] = read_top(&turn, ["request_kind"]).ok()?;
+                        serde_json::from_str::<String>(kind?.get()).ok()
+                    });
+                let compaction = |k: Option<&str>| k == Some("compaction");
+                (no_tools(tools) || compaction(kind.as_deref()) || compaction(turn.as_deref()))
+                    .then_some(Agent::Codex)
             }
             Format::Chat => {
                 // System messages, then the one user message.

@@ -164,9 +164,15 @@ fn no_empty_leftovers(conversation: &Conversation, plan: &mut Plan) {
         if n >= 2 {
             let pieces = match &p.pieces {
                 Some(pieces) if pieces.len() == n => Some(pieces.clone()),
+                // Other text goes whole into the first piece, as the
+                // splice would spread it, and the rest are emptied.
                 _ => prefix_pieces(&item.text, text, &item.piece_chars),
             };
-            let Some(mut pieces) = pieces else { continue };
+            let mut pieces = pieces.unwrap_or_else(|| {
+                let mut pieces = vec![String::new(); n];
+                pieces[0] = text.clone();
+                pieces
+            });
             let mut emptied = false;
             for (piece, &chars) in pieces.iter_mut().zip(&item.piece_chars) {
                 if piece.is_empty() && chars > 0 {

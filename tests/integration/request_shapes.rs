@@ -31,6 +31,8 @@ fn claude_code_summary_request() -> Value {
         "thinking": {"type": "adaptive"},
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "Fix the failing test in src/parser.rs"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": long("Looking at the parser first.", 100)}]},
+            {"role": "user", "content": [{"type": "text", "text": long("Go on, read it.", 100)}]},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "src/parser.rs"}}]},
             {"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "toolu_1", "content": long("fn parse() {}", 400)},
@@ -46,6 +48,7 @@ fn codex_checkpoint_request() -> Value {
         "metadata": {"request_kind": "compaction"}, "stream": true, "store": false,
         "input": [
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the failing test"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": long("Looking at the parser first.", 100)}]},
             {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"command\":[\"cat\",\"src/parser.rs\"]}"},
             {"type": "function_call_output", "call_id": "call_1", "output": long("fn parse() {}", 400)},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another LLM that will resume the task."}]}
@@ -98,18 +101,24 @@ async fn each_agents_own_compaction_request_goes_upstream_untouched() {
 async fn with_detection_off_an_agents_compaction_request_is_compacted() {
     let toml = "[policies.default]
 budget_chars = 2000
-keep_last_n = 0
-max_message_chars = 1000
+keep_last_n = 1
 detect_agent_compaction = false
 ";
-    for (path, body) in [
-        ("/v1/messages", claude_code_summary_request()),
-        ("/v1/responses", codex_checkpoint_request()),
-        ("/v1/chat/completions", opencode_summary_request()),
+    for (path, body, expected) in [
+        ("/v1/messages", claude_code_summary_request(), "compacted"),
+        ("/v1/responses", codex_checkpoint_request(), "compacted"),
+        // Its two messages are a kept role and the latest: nothing to cut.
+        (
+            "/v1/chat/completions",
+            opencode_summary_request(),
+            "unchanged",
+        ),
     ] {
         let (status, received) = through(toml, path, &body).await;
-        assert_eq!(status.as_deref(), Some("compacted"), "{path}");
-        assert!(received.len() < body.to_string().len(), "{path}");
+        assert_eq!(status.as_deref(), Some(expected), "{path}");
+        if expected == "compacted" {
+            assert!(received.len() < body.to_string().len(), "{path}");
+        }
     }
 }
 
