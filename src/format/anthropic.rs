@@ -301,9 +301,19 @@ fn read_messages<'a>(
             item.role = Role::Tool;
         }
         item.text = w.text();
-        if item.role == Role::Tool && w.texts.len() > 1 && piece_answers.len() == w.texts.len() {
+        if results > 0 && w.texts.len() > 1 && !item.fixed {
+            // Each piece on its own: a tool result's never goes empty. A
+            // text block's piece answers nothing ("").
+            let mut answers = piece_answers.into_iter();
+            item.piece_answers = w
+                .texts
+                .iter()
+                .map(|t| match t.element {
+                    Some(e) if e.array == 0 => String::new(),
+                    _ => answers.next().unwrap_or_default(),
+                })
+                .collect();
             item.piece_chars = w.texts.iter().map(|t| char_count(&t.text)).collect();
-            item.piece_answers = piece_answers;
         }
         conversation.items.push(item);
         wire.push(w);
@@ -756,10 +766,12 @@ mod tests {
                 };
                 assert!(!text.trim().is_empty(), "{forwarded}");
             }
-            assert!(
-                results[1].to_string().contains("chars omitted"),
-                "{forwarded}"
-            );
+            // Each result keeps its head: the second is not emptied.
+            let head = |r: &Value| match &r["content"] {
+                Value::String(s) => s.clone(),
+                blocks => blocks[0]["text"].as_str().unwrap().to_owned(),
+            };
+            assert!(long("beta").starts_with(&head(&results[1])), "{forwarded}");
             // The report counts what is forwarded, marker included.
             let text_chars: usize = plan
                 .items

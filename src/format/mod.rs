@@ -153,7 +153,6 @@ impl Skip {
     pub fn detail(&self) -> Option<String> {
         match self {
             Skip::UnsupportedMessage(i, why) => Some(format!("message {i}: {why}")),
-            Skip::TooManyMessages(n, max) => Some(format!("{n} messages, at most {max}")),
             _ => None,
         }
     }
@@ -198,10 +197,12 @@ pub struct Item {
     /// The call this item answers, when it is a tool result.
     pub answers: Option<String>,
     /// Char counts of the text pieces of an item whose text joins several
-    /// tool results (Anthropic `tool_result` blocks in one user message),
-    /// so that pruning cuts each result on its own; empty otherwise.
+    /// tool results (Anthropic `tool_result` blocks in one user message,
+    /// maybe beside text blocks), so that pruning cuts each result on its
+    /// own and no cut empties one; empty otherwise.
     pub piece_chars: Vec<usize>,
-    /// With `piece_chars`: the call each piece answers.
+    /// With `piece_chars`: the call each piece answers (empty for a text
+    /// block beside the results).
     pub piece_answers: Vec<String>,
 }
 

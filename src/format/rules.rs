@@ -153,41 +153,80 @@ fn restore_a_leading_user(conversation: &Conversation, plan: &mut Plan) {
     }
 }
 
-/// Every text piece a plan empties that the API refuses empty becomes a
-/// marker of the chars that went: the pieces of an item joining several
-/// tool results (each is a tool result), and an item's whole text.
+/// No text piece a plan keeps is left empty where the API refuses it: a
+/// cut that would empty a tool result (the engine cuts an item joining
+/// several results as one text) shares the chars it keeps among the
+/// results instead, each keeping its head, so the item forwards as many
+/// chars as the cut chose; a piece that would still be empty or blank, or
+/// an item's whole text cut to nothing, becomes a marker of the chars that
+/// went (counted: the plan says what is forwarded).
 fn no_empty_leftovers(conversation: &Conversation, plan: &mut Plan) {
     for p in &mut plan.items {
         let Some(text) = &p.text else { continue };
         let item = &conversation.items[p.index];
         let n = item.piece_chars.len();
+        // A text block beside results may go; a result may not.
+        let required = |k: usize| item.piece_answers.get(k).is_none_or(|a| !a.is_empty());
         if n >= 2 {
             let pieces = match &p.pieces {
                 Some(pieces) if pieces.len() == n => Some(pieces.clone()),
-                // Other text goes whole into the first piece, as the
-                // splice would spread it, and the rest are emptied.
                 _ => prefix_pieces(&item.text, text, &item.piece_chars),
             };
-            let mut pieces = pieces.unwrap_or_else(|| {
+            let pieces = pieces.unwrap_or_else(|| {
+                // Other text goes whole into the first piece, as the
+                // splice would spread it, and the rest are emptied.
                 let mut pieces = vec![String::new(); n];
                 pieces[0] = text.clone();
                 pieces
             });
-            let mut emptied = false;
-            for (piece, &chars) in pieces.iter_mut().zip(&item.piece_chars) {
-                if piece.is_empty() && chars > 0 {
-                    *piece = omission_marker(chars);
-                    emptied = true;
+            let blank = |k: usize, piece: &str| {
+                required(k) && item.piece_chars[k] > 0 && piece.trim().is_empty()
+            };
+            if !(0..n).any(|k| blank(k, &pieces[k])) {
+                continue;
+            }
+            let Some(originals) = prefix_pieces(&item.text, &item.text, &item.piece_chars) else {
+                continue;
+            };
+            let kept: usize = pieces.iter().map(|piece| char_count(piece)).sum();
+            let shares = share(&item.piece_chars, kept);
+            let mut pieces: Vec<String> = originals
+                .iter()
+                .zip(&shares)
+                .map(|(original, &chars)| char_prefix(original, chars).to_owned())
+                .collect();
+            for (k, piece) in pieces.iter_mut().enumerate() {
+                if blank(k, piece) {
+                    *piece = omission_marker(item.piece_chars[k]);
                 }
             }
-            if emptied {
-                p.text = Some(pieces.concat());
-                p.pieces = Some(pieces);
-            }
-        } else if text.is_empty() && !item.text.is_empty() {
+            p.text = Some(pieces.concat());
+            p.pieces = Some(pieces);
+        } else if text.trim().is_empty() && !item.text.trim().is_empty() {
             p.text = Some(omission_marker(char_count(&item.text)));
         }
     }
+}
+
+/// `total` chars shared among pieces of `caps` chars each, evenly, a piece
+/// never getting more than it has (what one cannot take goes to the rest).
+fn share(caps: &[usize], mut total: usize) -> Vec<usize> {
+    let mut shares = vec![0; caps.len()];
+    let mut open: Vec<usize> = (0..caps.len()).filter(|&k| caps[k] > 0).collect();
+    while total > 0 && !open.is_empty() {
+        let each = (total / open.len()).max(1);
+        let mut still = Vec::with_capacity(open.len());
+        for &k in &open {
+            let give = each.min(caps[k] - shares[k]).min(total);
+            shares[k] += give;
+            total -= give;
+            if shares[k] < caps[k] {
+                still.push(k);
+            }
+        }
+        open = still;
+    }
+    shares
 }
 
 /// `new`, a prefix of `original`, split over pieces of `piece_chars` chars
@@ -312,7 +351,15 @@ mod tests {
     }
 
     #[test]
-    fn an_emptied_tool_result_becomes_a_marker() {
+    fn shares_are_even_and_capped() {
+        assert_eq!(share(&[50, 30], 20), [10, 10]);
+        assert_eq!(share(&[50, 4], 20), [16, 4]);
+        assert_eq!(share(&[3, 0, 3], 10), [3, 0, 3]);
+        assert_eq!(share(&[5, 5, 5], 2), [1, 1, 0]);
+    }
+
+    #[test]
+    fn an_emptied_tool_result_keeps_a_head_or_becomes_a_marker() {
         let mut results = Item::new(Role::Tool, format!("{}{}", "a".repeat(50), "b".repeat(30)));
         results.piece_chars = vec![50, 30];
         results.piece_answers = vec!["t1".into(), "t2".into()];
@@ -334,15 +381,11 @@ mod tests {
                 ],
             };
             format.repair(&conversation, &mut plan);
-            let marker = omission_marker(30);
-            assert_eq!(
-                plan.items[0].pieces.as_deref(),
-                Some(&["a".repeat(20), marker.clone()][..])
-            );
-            assert_eq!(
-                plan.items[0].text,
-                Some(format!("{}{marker}", "a".repeat(20)))
-            );
+            // The 20 chars kept are shared: each result keeps its head.
+            let heads = ["a".repeat(10), "b".repeat(10)];
+            assert_eq!(plan.items[0].pieces.as_deref(), Some(&heads[..]));
+            assert_eq!(plan.items[0].text, Some(heads.concat()));
+            // Nothing kept at all: a marker.
             assert_eq!(plan.items[1].text, Some(omission_marker(5)));
         }
     }
