@@ -334,6 +334,26 @@ mod tests {
     }
 
     #[test]
+    fn a_message_kept_whole_by_its_format_says_why() {
+        let body = br#"{"messages":[{"role":"user","content":"task"},{"role":"assistant","content":[{"type":"server_tool_use","id":"s","name":"web_search","input":{}}]},{"role":"user","content":"next"}]}"#;
+        let policy = CompiledPolicy::plain("p", Policy::with_budget(10));
+        let report = report_for(body, "p", &policy, Format::Anthropic, 100).unwrap();
+        assert_eq!(
+            report.messages[1].reason,
+            "kept whole: unknown block type kept whole"
+        );
+        assert_eq!(report.messages[1].fate, Fate::Kept);
+        // The agent's own compaction request is not compacted: no report.
+        let summary = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"CRITICAL: Respond with TEXT ONLY. Your task is to create a detailed summary of the conversation so far."}]}]}"#;
+        assert_eq!(
+            report_for(summary, "p", &policy, Format::Anthropic, 100)
+                .unwrap_err()
+                .reason(),
+            "agent-compaction"
+        );
+    }
+
+    #[test]
     fn every_input_message_gets_one_line_with_its_stage() {
         let long = "First sentence here. ".repeat(40);
         let messages = vec![
