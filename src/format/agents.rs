@@ -118,7 +118,7 @@ impl Parsed<'_> {
 
 /// No tools offered: the field missing, `null` or `[]`.
 fn no_tools(tools: Option<&serde_json::value::RawValue>) -> bool {
-    tools.is_none_or(|t| {
+    tools.map_or(true, |t| {
         let t = t.get();
         t == "null" || (t.starts_with('[') && t[1..t.len() - 1].trim().is_empty())
     })

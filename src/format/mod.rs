@@ -248,7 +248,7 @@ impl Conversation {
     /// The provider reads the conversation from its latest compaction on
     /// (Anthropic's API ignores what precedes a `compaction` block): items
     /// before it are forwarded as they came and count nothing.
-    pub(crate) fn from_latest_compaction(&mut self) {
+    pub(crate) fn read_from_latest_compaction(&mut self) {
         let Some(at) = self.items.iter().rposition(|m| m.provider_compaction) else {
             return;
         };

@@ -293,7 +293,7 @@ fn read_items<'a>(
         // Trailing reasoning belongs with nothing yet: keep it.
         conversation.items[r].fix("reasoning with no item after it yet");
     }
-    conversation.from_latest_compaction();
+    conversation.read_from_latest_compaction();
     Ok(Parsed {
         format: Format::Responses,
         conversation,

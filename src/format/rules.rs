@@ -166,7 +166,7 @@ fn no_empty_leftovers(conversation: &Conversation, plan: &mut Plan) {
         let item = &conversation.items[p.index];
         let n = item.piece_chars.len();
         // A text block beside results may go; a result may not.
-        let required = |k: usize| item.piece_answers.get(k).is_none_or(|a| !a.is_empty());
+        let required = |k: usize| item.piece_answers.get(k).map_or(true, |a| !a.is_empty());
         if n >= 2 {
             let pieces = match &p.pieces {
                 Some(pieces) if pieces.len() == n => Some(pieces.clone()),

@@ -38,7 +38,7 @@ fn words(seed: usize, chars: usize) -> String {
         k = k
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        out.push_str(WORDS[(k >> 33) as usize % WORDS.len()]);
+        out.push_str(WORDS[(k >> 33) % WORDS.len()]);
         out.push(' ');
     }
     out
