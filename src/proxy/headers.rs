@@ -211,13 +211,7 @@ pub fn append_status_detail(headers: &mut HeaderMap, detail: &str) {
 /// policy refuses (`compacted; bypass-not-allowed`), so the client learns
 /// why its bypass header had no effect.
 pub fn note_bypass_refused(headers: &mut HeaderMap) {
-    let status = headers
-        .get(STATUS)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| format!("{v}; bypass-not-allowed"));
-    if let Some(v) = status.and_then(|v| HeaderValue::try_from(v).ok()) {
-        headers.insert(STATUS, v);
-    }
+    append_status_detail(headers, "bypass-not-allowed");
 }
 
 /// Writes stable mode's prefix report: how many leading forwarded messages
