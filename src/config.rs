@@ -223,6 +223,10 @@ pub struct PolicyConfig {
     /// report for a few minutes, fetchable by the id the response names.
     /// Off by default: a report holds the conversation's text.
     pub allow_report: bool,
+    /// Forward a coding agent's own compaction request (Claude Code's
+    /// summary, Codex's checkpoint, opencode's summarization agent)
+    /// untouched, so it summarizes its whole history.
+    pub detect_agent_compaction: bool,
     pub scoring: Scoring,
     /// Relevance only: protect messages at least this relevant, in [0, 1].
     /// Left out: [`RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE`].
@@ -344,6 +348,7 @@ impl Default for PolicyConfig {
             allow_bypass: true,
             dry_run: false,
             allow_report: false,
+            detect_agent_compaction: true,
             scoring: Scoring::Seed,
             pin_relevant_above: None,
             relevant_pin_share: None,

@@ -177,6 +177,7 @@ pub fn report_for<'a>(
 ) -> Result<RequestReport<'a>, Skip> {
     let checkpoints = crate::compaction::stable::NoCheckpoints;
     let parsed = format.parse(input, max_messages)?;
+    crate::proxy::compact::refuse_agent_compaction(&parsed, policy)?;
     // The proxy's own compaction (crate::proxy::compact::outcome_of).
     let compacted = crate::compaction::compact(&parsed, policy, &checkpoints);
     let conversation = &parsed.conversation;
@@ -197,6 +198,12 @@ pub fn report_for<'a>(
     at_budget.engine.budget_chars = compacted.budget_chars;
     let (_, _, report) = crate::compaction::run_passes(&parsed, &at_budget);
     let mut lines = fates(&report, &roles);
+    for line in &mut lines {
+        // The format's own reason to keep it whole says more than "pinned".
+        if let Some(why) = conversation.items[line.index].why_fixed {
+            line.reason = format!("kept whole: {why}");
+        }
+    }
     attach_decisions(&mut lines, decisions);
     Ok(RequestReport {
         policy: name,
@@ -323,6 +330,26 @@ mod tests {
             store.reports.weighted_size() <= 10_000,
             "{}",
             store.reports.weighted_size()
+        );
+    }
+
+    #[test]
+    fn a_message_kept_whole_by_its_format_says_why() {
+        let body = br#"{"messages":[{"role":"user","content":"task"},{"role":"assistant","content":[{"type":"server_tool_use","id":"s","name":"web_search","input":{}}]},{"role":"user","content":"next"}]}"#;
+        let policy = CompiledPolicy::plain("p", Policy::with_budget(10));
+        let report = report_for(body, "p", &policy, Format::Anthropic, 100).unwrap();
+        assert_eq!(
+            report.messages[1].reason,
+            "kept whole: unknown block type kept whole"
+        );
+        assert_eq!(report.messages[1].fate, Fate::Kept);
+        // The agent's own compaction request is not compacted: no report.
+        let summary = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"CRITICAL: Respond with TEXT ONLY. Your task is to create a detailed summary of the conversation so far."}]}]}"#;
+        assert_eq!(
+            report_for(summary, "p", &policy, Format::Anthropic, 100)
+                .unwrap_err()
+                .reason(),
+            "agent-compaction"
         );
     }
 

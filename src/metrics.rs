@@ -417,6 +417,9 @@ pub struct RequestEvent {
     pub checkpoint_hit: Option<bool>,
     /// Whether the compaction cache answered (`None`: not looked up).
     pub cache_hit: Option<bool>,
+    /// A skip's detail (the message and what is wrong with it), for the
+    /// log line; never a metric label.
+    pub skip_detail: Option<String>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -475,6 +478,7 @@ impl RequestEvent {
             rebased: false,
             checkpoint_hit: None,
             cache_hit: None,
+            skip_detail: None,
         }
     }
 
@@ -675,6 +679,7 @@ impl RequestEvent {
                     tenant = %self.tenant,
                     format = self.format.map(crate::format::Format::as_str),
                     compaction = self.status.as_ref().map(tracing::field::display),
+                    skip = self.skip_detail.as_deref(),
                     rebased = self.rebased.then_some(true),
                     chars_in,
                     chars_out,

@@ -64,6 +64,8 @@ pub struct CompiledPolicy {
     pub allow_bypass: bool,
     pub dry_run: bool,
     pub allow_report: bool,
+    /// Forward a coding agent's own compaction request untouched.
+    pub detect_agent_compaction: bool,
     /// `scoring = "relevance"`: the request header whose text is the goal.
     pub relevance_goal_header: Option<HeaderName>,
     /// Stable mode's low-water mark and kept head, as shares of the budget.
@@ -106,6 +108,7 @@ impl CompiledPolicy {
             allow_bypass: false,
             dry_run: false,
             allow_report: false,
+            detect_agent_compaction: true,
             relevance_goal_header: None,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
@@ -143,6 +146,7 @@ impl CompiledPolicy {
             allow_bypass: self.allow_bypass,
             dry_run: self.dry_run,
             allow_report: self.allow_report,
+            detect_agent_compaction: self.detect_agent_compaction,
             relevance_goal_header: self.relevance_goal_header.clone(),
             stable_target_ratio: self.stable_target_ratio,
             stable_head_ratio: self.stable_head_ratio,
@@ -669,6 +673,7 @@ fn compile_policy(
             allow_bypass: p.allow_bypass,
             dry_run: p.dry_run,
             allow_report: p.allow_report,
+            detect_agent_compaction: p.detect_agent_compaction,
             relevance_goal_header: relevance_goal_header.and_then(Result::ok),
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,

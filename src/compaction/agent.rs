@@ -26,6 +26,7 @@
 
 use std::collections::HashMap;
 
+pub use crate::engine::text::omission_marker;
 use crate::engine::text::{char_count, char_prefix, MarkedSet, Vocabulary, WordSets};
 use crate::engine::Role;
 use crate::format::Conversation;
@@ -206,27 +207,9 @@ impl AgentEdits {
     }
 }
 
-/// The marker that stands for `omitted` cut chars.
-pub fn omission_marker(omitted: usize) -> String {
-    format!("[… {} chars omitted …]", thousands(omitted))
-}
-
 /// The text that stands for a tool result repeating call `of`'s.
 pub fn duplicate_marker(of: &str) -> String {
     format!("[same output as tool call {of}]")
-}
-
-/// `18204` as `18,204`.
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (k, c) in digits.chars().enumerate() {
-        if k > 0 && (digits.len() - k) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `text` cut to `keep` chars, half head and half tail around a marker;
@@ -876,6 +859,7 @@ pub(super) mod tests {
     #[test]
     fn markers_say_how_much_was_cut() {
         assert_eq!(omission_marker(18_204), "[… 18,204 chars omitted …]");
+        use crate::engine::text::thousands;
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1_000), "1,000");
         assert_eq!(thousands(1_234_567), "1,234,567");

@@ -26,7 +26,7 @@ pub mod thinking;
 pub mod tokens;
 
 use crate::engine::{self, Kept, Message, Report};
-use crate::format::{Conversation, Format, Parsed, Plan, Planned};
+use crate::format::{Conversation, Parsed, Plan, Planned};
 use crate::outcome::LossSummary;
 use crate::policy::CompiledPolicy;
 
@@ -534,51 +534,6 @@ pub fn loss_with_passes(
         input_tokens: None,
         output_tokens: None,
         budget_tokens: None,
-    }
-}
-
-impl Format {
-    /// Applies what the API requires of the survivors. A Messages
-    /// conversation must open with a user turn: assistant items the engine
-    /// left at the front go too (with their tool groups; tool results are
-    /// user turns on the wire), until a user turn leads. Dropping a lead's
-    /// group can bring another assistant item to the front, hence the loop.
-    /// When no user turn would be left at all (none survived, or nothing
-    /// did), the conversation's last plain user message is forwarded alone:
-    /// it is the request being made, and the API refuses an empty list.
-    pub fn repair(self, conversation: &Conversation, plan: &mut Plan) {
-        if self != Format::Anthropic {
-            return;
-        }
-        let items = &conversation.items;
-        loop {
-            let lead = plan
-                .items
-                .iter()
-                .take_while(|p| items[p.index].role == engine::Role::Assistant)
-                .count();
-            if lead == plan.items.len() {
-                let last_user = items
-                    .iter()
-                    .rposition(|m| m.role == engine::Role::User && m.group.is_none());
-                if let Some(last_user) = last_user {
-                    plan.items = vec![Planned::verbatim(last_user)];
-                }
-                return;
-            }
-            if lead == 0 {
-                return;
-            }
-            let groups: Vec<u32> = plan.items[..lead]
-                .iter()
-                .filter_map(|p| items[p.index].group)
-                .collect();
-            let mut n = 0;
-            plan.items.retain(|p| {
-                n += 1;
-                n > lead && !items[p.index].group.is_some_and(|g| groups.contains(&g))
-            });
-        }
     }
 }
 

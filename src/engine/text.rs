@@ -11,6 +11,25 @@ use std::ops::Range;
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
+/// The marker that stands for `omitted` cut chars (a pruned tool result,
+/// a clipped argument, a text block whose every char went).
+pub fn omission_marker(omitted: usize) -> String {
+    format!("[… {} chars omitted …]", thousands(omitted))
+}
+
+/// `18204` as `18,204`.
+pub(crate) fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (k, c) in digits.chars().enumerate() {
+        if k > 0 && (digits.len() - k) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Number of Unicode scalar values in `text`.
 pub fn char_count(text: &str) -> usize {
     // Checking for ASCII reads three times faster than counting leading

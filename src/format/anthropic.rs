@@ -20,7 +20,17 @@
 //!   every block left has one; never onto a thinking block (the API refuses
 //!   it there, and its bytes are signed).
 //!
-//! Any other block type is refused (`unsupported-message`).
+//! - `role: "system"` entries inside `messages` (mid-conversation system
+//!   messages) are protected like the top-level `system`: they count, stay
+//!   in place and are never cut or dropped; [`crate::format::Format::repair`]
+//!   keeps the API's placement rule around them;
+//! - a `compaction` block (the provider's signed summary) is forwarded byte
+//!   for byte with its message; the API ignores everything before it, so
+//!   what precedes the latest one counts nothing and is forwarded as it came;
+//!   a request with the top-level `compaction` field asks for one and is
+//!   skipped (`provider-compaction`);
+//! - a message holding any other block type is kept whole, in place, its
+//!   unknown blocks counted by their bytes; unknown fields keep their bytes.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -30,29 +40,23 @@ use serde_json::value::RawValue;
 
 use super::splice::{span, ArgumentsForm, Marker, WireItem};
 use super::split;
-use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
+use super::{
+    array_field, read_top, top_fields, Conversation, Format, Item, Parsed, Skip, ToolCall,
+    HOLDS_COMPACTION, UNKNOWN_KEPT_WHOLE,
+};
 use crate::engine::text::char_count;
 use crate::engine::Role;
 
 const MEDIA_BLOCKS: [&str; 2] = ["image", "document"];
 
-/// The top level; the messages read as the array they must be in the same
-/// pass as the body.
-#[derive(Deserialize)]
-struct TopFields<'a> {
-    #[serde(borrow)]
-    messages: Option<Vec<&'a RawValue>>,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-}
+const SYSTEM_IN_MESSAGES: &str = "a system message inside messages, kept in place";
 
-/// The top level outside the messages, which [`split`] replaced by `[]`.
-#[derive(Deserialize)]
-struct Outside<'a> {
-    #[serde(borrow)]
-    messages: &'a RawValue,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
+/// The top-level fields read, in [`read_top`]'s order.
+const TOP_FIELDS: [&str; 3] = ["messages", "system", "compaction"];
+
+/// Whether the top-level `compaction` field asks the API for a summary.
+fn asks_for_compaction(field: Option<&RawValue>) -> bool {
+    field.is_some_and(|f| f.get() != "null")
 }
 
 #[derive(Deserialize)]
@@ -96,10 +100,14 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 
 /// [`parse`] the plain way: serde reads the whole body, then each message.
 fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
-    let top: TopFields = top_level(body)?;
-    let items = top.messages.ok_or(Skip::NoMessages)?;
-    let array_span = top_array_span(body, "messages", &items)?;
-    let system = top.system.map(system_chars);
+    let [messages, system, compaction] = top_fields(body, TOP_FIELDS)?;
+    if asks_for_compaction(compaction) {
+        return Err(Skip::ProviderCompaction("the compaction field"));
+    }
+    let raw = messages.ok_or(Skip::NoMessages)?;
+    let items = array_field(messages)?.ok_or(Skip::NoMessages)?;
+    let array_span = span(body, raw.get());
+    let system = system.map(system_chars);
     let items = items.into_iter().map(RawValue::get).collect();
     read_messages(body, items, array_span, system, max_items)
 }
@@ -108,8 +116,11 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// once. `None` when anything fails, for the plain way to find out why.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
     let (array, system) = split::split_body(body, "messages", |outside| {
-        let top: Outside = serde_json::from_str(outside).ok()?;
-        Some((top.messages, top.system.map(system_chars)))
+        let [messages, system, compaction] = read_top(outside, TOP_FIELDS).ok()?;
+        if asks_for_compaction(compaction) {
+            return None;
+        }
+        Some((messages?, system.map(system_chars)))
     })?;
     read_messages(body, array.elements, array.span, system, max_items).ok()
 }
@@ -144,21 +155,20 @@ fn read_messages<'a>(
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
-        let fields: MessageFields = serde_json::from_str(raw)
-            .map_err(|_| Skip::UnsupportedMessage(i, "not an object with role and content"))?;
-        let assistant = match fields.role.as_ref() {
-            "user" => false,
-            "assistant" => true,
+        let fields = message_fields(raw).ok_or(Skip::UnsupportedMessage(
+            i,
+            "not an object with role and content",
+        ))?;
+        let role = match fields.role.as_ref() {
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "system" => Role::System,
             _ => return Err(Skip::UnsupportedMessage(i, "unknown role")),
         };
-        let mut item = Item::new(
-            if assistant {
-                Role::Assistant
-            } else {
-                Role::User
-            },
-            "",
-        );
+        let mut item = Item::new(role, "");
+        if role == Role::System {
+            item.fix(SYSTEM_IN_MESSAGES);
+        }
         let mut w = WireItem {
             span: span(body, raw),
             ..WireItem::default()
@@ -184,9 +194,14 @@ fn read_messages<'a>(
                     )
                     .map_err(|why| Skip::UnsupportedMessage(i, why))?;
                 for (element, raw) in blocks {
-                    let b: BlockFields = serde_json::from_str(raw).map_err(|_| {
-                        Skip::UnsupportedMessage(i, "a content block has no string type")
-                    })?;
+                    let Some(b) = serde_json::from_str::<BlockFields>(raw).ok() else {
+                        // Not a block this proxy can read (no string type,
+                        // or a field of an unexpected type): kept whole.
+                        item.fixed_chars += raw.len();
+                        item.fix(UNKNOWN_KEPT_WHOLE);
+                        others += 1;
+                        continue;
+                    };
                     if let Some(marker) = b.cache_control {
                         w.markers.push(Marker {
                             value: marker.get(),
@@ -194,12 +209,14 @@ fn read_messages<'a>(
                         });
                     }
                     match b.kind.as_ref() {
-                        "text" => {
-                            b.text
-                                .and_then(|t| w.push_text(body, t, Some(element)))
-                                .ok_or(Skip::UnsupportedMessage(i, "a text block without text"))?;
-                            others += 1;
-                        }
+                        "text" => match b.text.and_then(|t| w.push_text(body, t, Some(element))) {
+                            Some(()) => others += 1,
+                            None => {
+                                item.fixed_chars += raw.len();
+                                item.fix(UNKNOWN_KEPT_WHOLE);
+                                others += 1;
+                            }
+                        },
                         "tool_use" => {
                             let input = b.input.map_or("{}", RawValue::get);
                             w.arguments.push(
@@ -232,8 +249,7 @@ fn read_messages<'a>(
                             }
                             if let Some(c) = b.content {
                                 let before = w.texts.len();
-                                read_result_content(body, c, &mut w)
-                                    .map_err(|why| Skip::UnsupportedMessage(i, why))?;
+                                read_result_content(body, c, &mut w, &mut item);
                                 piece_answers
                                     .extend((before..w.texts.len()).map(|_| id.to_owned()));
                             }
@@ -250,8 +266,25 @@ fn read_messages<'a>(
                             w.thinking.push(element);
                             others += 1;
                         }
+                        "compaction" => {
+                            // The API reads the message from this block on.
+                            item.provider_compaction = true;
+                            item.fix(HOLDS_COMPACTION);
+                            item.why_fixed = Some(HOLDS_COMPACTION);
+                            w.texts.clear();
+                            piece_answers.clear();
+                            item.fixed_chars = b.content.map_or(0, |c| {
+                                serde_json::from_str::<Cow<str>>(c.get())
+                                    .map_or(c.get().len(), |t| char_count(&t))
+                            });
+                            others += 1;
+                        }
                         kind if MEDIA_BLOCKS.contains(&kind) => others += 1,
-                        _ => return Err(Skip::UnsupportedMessage(i, "unknown content block type")),
+                        _ => {
+                            item.fixed_chars += raw.len();
+                            item.fix(UNKNOWN_KEPT_WHOLE);
+                            others += 1;
+                        }
                     }
                 }
             }
@@ -262,17 +295,32 @@ fn read_messages<'a>(
                 ))
             }
         }
-        if !assistant && results > 0 && others == 0 {
+        if item.fixed {
+            // Its bytes go as they came: no moved breakpoint lands on it.
+            w.sealed = true;
+        }
+        if role == Role::User && results > 0 && others == 0 {
             item.role = Role::Tool;
         }
         item.text = w.text();
-        if item.role == Role::Tool && w.texts.len() > 1 && piece_answers.len() == w.texts.len() {
+        if results > 0 && w.texts.len() > 1 && !item.fixed {
+            // Each piece on its own: a tool result's never goes empty. A
+            // text block's piece answers nothing ("").
+            let mut answers = piece_answers.into_iter();
+            item.piece_answers = w
+                .texts
+                .iter()
+                .map(|t| match t.element {
+                    Some(e) if e.array == 0 => String::new(),
+                    _ => answers.next().unwrap_or_default(),
+                })
+                .collect();
             item.piece_chars = w.texts.iter().map(|t| char_count(&t.text)).collect();
-            item.piece_answers = piece_answers;
         }
         conversation.items.push(item);
         wire.push(w);
     }
+    conversation.read_from_latest_compaction();
     Ok(Parsed {
         format: Format::Anthropic,
         conversation,
@@ -282,25 +330,34 @@ fn read_messages<'a>(
     })
 }
 
-/// A tool result's content: a string, or blocks whose text counts.
+/// A tool result's content: a string, or blocks whose text counts; a block
+/// of a type this proxy does not know makes the item fixed.
 fn read_result_content<'a>(
     body: &'a str,
     content: &'a RawValue,
     w: &mut WireItem<'a>,
-) -> Result<(), &'static str> {
+    item: &mut Item,
+) {
     let raw = content.get();
+    let unknown = |item: &mut Item, bytes: usize| {
+        item.fixed_chars += bytes;
+        item.fix(UNKNOWN_KEPT_WHOLE);
+    };
     match raw.as_bytes().first() {
-        Some(b'"') => w.push_text(body, content, None).ok_or("bad string"),
+        Some(b'"') => {
+            if w.push_text(body, content, None).is_none() {
+                unknown(item, raw.len());
+            }
+        }
         Some(b'[') => {
-            let blocks = w.open_array(
-                body,
-                raw,
-                "tool_result content is not a string or array",
-                "a tool_result block is not an object",
-            )?;
+            let Ok(blocks) = w.open_array(body, raw, "", "") else {
+                return unknown(item, raw.len());
+            };
             for (element, raw) in blocks {
-                let b: BlockFields =
-                    serde_json::from_str(raw).map_err(|_| "a tool_result block has no type")?;
+                let Ok(b) = serde_json::from_str::<BlockFields>(raw) else {
+                    unknown(item, raw.len());
+                    continue;
+                };
                 if let Some(marker) = b.cache_control {
                     w.markers.push(Marker {
                         value: marker.get(),
@@ -308,19 +365,35 @@ fn read_result_content<'a>(
                     });
                 }
                 match b.kind.as_ref() {
-                    "text" => b
-                        .text
-                        .and_then(|t| w.push_text(body, t, Some(element)))
-                        .ok_or("a text block without text")?,
+                    "text" => {
+                        if b.text
+                            .and_then(|t| w.push_text(body, t, Some(element)))
+                            .is_none()
+                        {
+                            unknown(item, raw.len());
+                        }
+                    }
                     kind if MEDIA_BLOCKS.contains(&kind) => {}
-                    _ => return Err("unknown tool_result block type"),
+                    _ => unknown(item, raw.len()),
                 }
             }
-            Ok(())
         }
-        Some(b'n') => Ok(()),
-        _ => Err("tool_result content is not a string or array"),
+        Some(b'n') => {}
+        _ => unknown(item, raw.len()),
     }
+}
+
+/// A message's role and content; of a repeated key the last one wins, as
+/// the API reads it (serde's derived struct, the fast way, refuses one).
+fn message_fields(raw: &str) -> Option<MessageFields<'_>> {
+    if let Ok(fields) = serde_json::from_str::<MessageFields>(raw) {
+        return Some(fields);
+    }
+    let [role, content] = read_top(raw, ["role", "content"]).ok()?;
+    Some(MessageFields {
+        role: serde_json::from_str(role?.get()).ok()?,
+        content: content?,
+    })
 }
 
 /// The chars of `system`: a string or text blocks.
@@ -529,18 +602,206 @@ mod tests {
     }
 
     #[test]
-    fn unknown_blocks_skip_the_body() {
+    fn a_message_with_an_unknown_block_is_kept_whole_and_unknown_fields_keep_their_bytes() {
+        let server =
+            r#"{"type":"server_tool_use","id":"x","name":"web_search","input":{"q":"rust"}}"#;
+        let body = format!(
+            r#"{{"model":"claude","context_management":{{"edits":[{{"type":"clear_tool_uses_20250919"}}]}},"output_config":{{"effort":"low"}},"thinking":{{"type":"adaptive"}},"messages":[{{"role":"user","content":"{old}"}},{{"role":"assistant","content":[{server},{{"type":"text","text":"{old}"}}],"output_config":{{"effort":"high"}}}},{{"role":"user","content":"{old}"}},{{"role":"assistant","content":"ok"}},{{"role":"user","content":"last"}}]}}"#,
+            old = long("old").trim_end(),
+        );
+        let parsed = Format::Anthropic.parse(body.as_bytes(), 10).unwrap();
+        let item = &parsed.conversation.items[1];
+        assert!(item.fixed);
+        assert_eq!(item.why_fixed, Some(UNKNOWN_KEPT_WHOLE));
+        assert_eq!(item.fixed_chars, server.len());
+        let out = compact(&serde_json::from_str(&body).unwrap(), 200, 1).expect("compacted");
+        let messages = out["messages"].as_array().unwrap();
+        let kept = messages
+            .iter()
+            .find(|m| m["content"][0]["type"] == "server_tool_use")
+            .expect("kept in place");
+        let original: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            kept, &original["messages"][1],
+            "whole, unknown field included"
+        );
+        for field in ["context_management", "output_config", "thinking"] {
+            assert_eq!(out[field], original[field], "{field}");
+        }
+        // A block of a known type whose fields do not read is kept whole too.
+        let odd = br#"{"messages":[{"role":"user","content":[{"type":"text","text":5}]}]}"#;
+        assert!(Format::Anthropic.parse(odd, 10).unwrap().conversation.items[0].fixed);
+        // A body that is no Messages request at all still names the message.
+        let bad = br#"{"messages":[{"role":"user","content":"a"},{"role":"user","content":5}]}"#;
+        let skip = Format::Anthropic.parse(bad, 10).unwrap_err();
+        assert_eq!(skip.reason(), "unsupported-message");
+        assert_eq!(
+            skip.detail().as_deref(),
+            Some("message 1: content is not a string or array")
+        );
+    }
+
+    #[test]
+    fn system_entries_inside_messages_are_counted_kept_in_place_and_never_cut() {
+        let reminder = long("remember");
+        let body = json!({"messages": [
+            {"role": "user", "content": long("task")},
+            {"role": "system", "content": [{"type": "text", "text": reminder}]},
+            {"role": "assistant", "content": long("answer")},
+            {"role": "user", "content": long("more")},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": long("file")}]},
+            {"role": "system", "content": "the file changed on disk", "clear_at": "next_user_message"},
+            {"role": "assistant", "content": long("reply")},
+            {"role": "user", "content": "last"}
+        ]});
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let parsed = Format::Anthropic.parse(&bytes, 20).unwrap();
+        let items = &parsed.conversation.items;
+        assert_eq!(items[1].role, Role::System);
+        assert!(items[1].fixed && items[6].fixed);
+        assert_eq!(items[1].chars(), reminder.chars().count());
+        // Far over budget: both entries stay whole, where they were, each
+        // after a user turn and before an assistant turn or the end.
+        let out = compact(&body, 10, 1).expect("compacted");
+        let messages = out["messages"].as_array().unwrap();
+        for (k, m) in messages.iter().enumerate() {
+            if m["role"] != "system" {
+                continue;
+            }
+            let original = body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|o| o["content"] == m["content"])
+                .expect("never cut");
+            assert_eq!(m, original);
+            // A run of entries follows a user turn and precedes an
+            // assistant turn or ends the list.
+            let role = |j: usize| messages[j]["role"].as_str().unwrap();
+            let before = (0..k).rev().find(|&j| role(j) != "system");
+            let after = (k + 1..messages.len()).find(|&j| role(j) != "system");
+            assert!(before.is_some_and(|j| role(j) == "user"), "{out}");
+            assert!(after.map_or(true, |j| role(j) == "assistant"), "{out}");
+        }
+        assert_eq!(
+            messages.iter().filter(|m| m["role"] == "system").count(),
+            2,
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn compaction_blocks_go_byte_for_byte_and_what_precedes_them_counts_nothing() {
+        let compaction = r#"{"type":"compaction","content":"Summary: the user fixed the parser.","signature":"c2lnbmVk"}"#;
+        let old = long("old").trim_end().to_owned();
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"{old}"}},{{"role":"assistant","content":"{old}"}},{{"role":"assistant","content":[{compaction},{{"type":"text","text":"Continuing."}}]}},{{"role":"user","content":"{old}"}},{{"role":"assistant","content":"{old}"}},{{"role":"user","content":"last"}}]}}"#
+        );
+        let parsed = Format::Anthropic.parse(body.as_bytes(), 10).unwrap();
+        let items = &parsed.conversation.items;
+        assert!(items[2].provider_compaction && items[2].fixed);
+        assert!(items[0].fixed && items[1].fixed);
+        assert_eq!(items[0].chars() + items[1].chars(), 0);
+        // Counted: the summary, then what follows it.
+        let after = "Continuing.".len() + 2 * old.chars().count() + "last".len();
+        assert_eq!(
+            parsed.total_chars(),
+            "Summary: the user fixed the parser.".len() + after
+        );
+        let out = compact(&serde_json::from_str(&body).unwrap(), 60, 1).expect("compacted");
+        let text = out.to_string();
+        let forwarded: Value = serde_json::from_str(&body).unwrap();
+        let messages = out["messages"].as_array().unwrap();
+        assert_eq!(
+            messages[..3],
+            forwarded["messages"].as_array().unwrap()[..3]
+        );
+        assert!(text.contains("c2lnbmVk"));
+        // Byte for byte in the forwarded body.
+        let bytes = serde_json::to_vec(&serde_json::from_str::<Value>(&body).unwrap()).unwrap();
+        let parsed = Format::Anthropic.parse(&bytes, 10).unwrap();
+        let mut p = Policy::with_budget(60);
+        p.keep_last_n = 1;
+        let policy = CompiledPolicy::plain("t", p);
+        let plan = compaction::compact(&parsed, &policy, &NoCheckpoints)
+            .plan
+            .unwrap();
+        let spliced = parsed.splice(&plan);
+        let block = std::str::from_utf8(parsed.item_bytes(2)).unwrap();
+        assert!(spliced.contains(block), "{spliced}");
+    }
+
+    #[test]
+    fn a_request_asking_for_a_compaction_is_the_providers() {
         let body =
-            br#"{"messages":[{"role":"user","content":[{"type":"server_tool_use","id":"x"}]}]}"#;
+            br#"{"compaction":{"type":"summarize"},"messages":[{"role":"user","content":"hi"}]}"#;
         assert_eq!(
             Format::Anthropic.parse(body, 10).unwrap_err().reason(),
-            "unsupported-message"
+            "provider-compaction"
         );
-        let body = br#"{"messages":[{"role":"system","content":"x"}]}"#;
-        assert_eq!(
-            Format::Anthropic.parse(body, 10).unwrap_err().reason(),
-            "unsupported-message"
-        );
+        let body = br#"{"compaction":null,"messages":[{"role":"user","content":"hi"}]}"#;
+        assert!(Format::Anthropic.parse(body, 10).is_ok());
+    }
+
+    #[test]
+    fn a_cut_never_leaves_an_empty_text_block_or_tool_result() {
+        let part = |word: &str| json!([{"type": "text", "text": long(word)}]);
+        for content in [
+            [part("alpha"), part("beta")],
+            [json!(long("alpha")), json!(long("beta"))],
+        ] {
+            let body = json!({"messages": [
+                {"role": "user", "content": "task"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "read", "input": {}},
+                    {"type": "tool_use", "id": "t2", "name": "read", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": content[0]},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": content[1]}]},
+                {"role": "assistant", "content": "done"},
+                {"role": "user", "content": "next?"}
+            ]});
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let parsed = Format::Anthropic.parse(&bytes, 10).unwrap();
+            let mut p = Policy::with_budget(150);
+            p.keep_last_n = 2;
+            p.max_message_chars = 100;
+            let policy = CompiledPolicy::plain("t", p);
+            let out = compaction::compact(&parsed, &policy, &NoCheckpoints);
+            let plan = out.plan.expect("compacted");
+            let forwarded: Value = serde_json::from_str(&parsed.splice(&plan)).unwrap();
+            let results = &forwarded["messages"][2]["content"];
+            assert_eq!(results.as_array().unwrap().len(), 2, "{forwarded}");
+            for r in results.as_array().unwrap() {
+                let text = match &r["content"] {
+                    Value::String(s) => s.clone(),
+                    blocks => blocks[0]["text"].as_str().unwrap().to_owned(),
+                };
+                assert!(!text.trim().is_empty(), "{forwarded}");
+            }
+            // Each result keeps its head: the second is not emptied.
+            let head = |r: &Value| match &r["content"] {
+                Value::String(s) => s.clone(),
+                blocks => blocks[0]["text"].as_str().unwrap().to_owned(),
+            };
+            assert!(long("beta").starts_with(&head(&results[1])), "{forwarded}");
+            // The report counts what is forwarded, marker included.
+            let text_chars: usize = plan
+                .items
+                .iter()
+                .map(|p| match &p.text {
+                    Some(t) => t.chars().count(),
+                    None => parsed.conversation.items[p.index].text.chars().count(),
+                })
+                .sum();
+            let fixed: usize = plan
+                .items
+                .iter()
+                .map(|p| parsed.conversation.items[p.index].fixed_chars)
+                .sum();
+            assert_eq!(out.loss.output_chars, text_chars + fixed);
+        }
     }
 
     #[test]

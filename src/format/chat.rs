@@ -4,8 +4,9 @@
 //! Mapping to the neutral model:
 //! - text = the string content, or the text parts of array content joined
 //!   with nothing between them; image, audio and file parts count zero and
-//!   are never touched; a refusal part counts as fixed chars. Any other
-//!   part type is refused (`unsupported-message`).
+//!   are never touched; a refusal part counts as fixed chars. A message
+//!   holding any other part type is kept whole, in place, the unknown part
+//!   counted by its bytes.
 //! - tool-call names and arguments (custom tools' `input`, and legacy
 //!   `function_call`) count as fixed chars: they weigh on the budget but are
 //!   never trimmed.
@@ -21,27 +22,15 @@ use serde_json::value::RawValue;
 
 use super::splice::{span, string_at, ArgumentsForm, WireItem};
 use super::split;
-use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
+use super::{
+    array_field, read_top, top_fields, Conversation, Format, Item, Parsed, Skip, ToolCall,
+    UNKNOWN_KEPT_WHOLE,
+};
 use crate::engine::text::char_count;
 use crate::engine::Role;
 
 /// Part types that hold no text and count zero.
 const MEDIA_PARTS: [&str; 4] = ["image_url", "input_audio", "file", "audio"];
-
-/// The top level's messages, read as the array they must be in the same
-/// pass as the body.
-#[derive(Deserialize)]
-struct TopFields<'a> {
-    #[serde(borrow)]
-    messages: Option<Vec<&'a RawValue>>,
-}
-
-/// The top level outside the messages, which [`split`] replaced by `[]`.
-#[derive(Deserialize)]
-struct Outside<'a> {
-    #[serde(borrow)]
-    messages: &'a RawValue,
-}
 
 #[derive(Deserialize)]
 struct MessageFields<'a> {
@@ -103,9 +92,10 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 
 /// [`parse`] the plain way: serde reads the whole body, then each message.
 fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
-    let top: TopFields = top_level(body)?;
-    let items = top.messages.ok_or(Skip::NoMessages)?;
-    let array_span = top_array_span(body, "messages", &items)?;
+    let [messages] = top_fields(body, ["messages"])?;
+    let raw = messages.ok_or(Skip::NoMessages)?;
+    let items = array_field(messages)?.ok_or(Skip::NoMessages)?;
+    let array_span = span(body, raw.get());
     let items = items.into_iter().map(RawValue::get).collect();
     read_messages(body, items, array_span, max_items)
 }
@@ -114,8 +104,8 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// once. `None` when anything fails, for the plain way to find out why.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
     let (array, ()) = split::split_body(body, "messages", |outside| {
-        let top: Outside = serde_json::from_str(outside).ok()?;
-        Some((top.messages, ()))
+        let [messages] = read_top(outside, ["messages"]).ok()?;
+        Some((messages?, ()))
     })?;
     read_messages(body, array.elements, array.span, max_items).ok()
 }
@@ -158,6 +148,8 @@ fn read_messages<'a>(
             read_content(body, content, &mut w, &mut item)
                 .map_err(|why| Skip::UnsupportedMessage(i, why))?;
         }
+        // Its bytes go as they came.
+        w.sealed = item.fixed;
 
         let calls = fields.tool_calls.unwrap_or_default();
         if !calls.is_empty() {
@@ -246,18 +238,29 @@ fn read_content<'a>(
             for (element, raw) in
                 w.open_array(body, raw, NOT_CONTENT, "a content part is not an object")?
             {
-                let fields: PartFields =
-                    serde_json::from_str(raw).map_err(|_| "a content part has no string type")?;
+                let unknown = |item: &mut Item| {
+                    item.fixed_chars += raw.len();
+                    item.fix(UNKNOWN_KEPT_WHOLE);
+                };
+                let Ok(fields) = serde_json::from_str::<PartFields>(raw) else {
+                    unknown(item);
+                    continue;
+                };
                 match fields.kind.as_ref() {
-                    "text" => fields
-                        .text
-                        .and_then(|t| w.push_text(body, t, Some(element)))
-                        .ok_or("a text part without string text")?,
+                    "text" => {
+                        if fields
+                            .text
+                            .and_then(|t| w.push_text(body, t, Some(element)))
+                            .is_none()
+                        {
+                            unknown(item);
+                        }
+                    }
                     "refusal" => {
                         item.fixed_chars += fields.refusal.as_deref().map_or(0, char_count);
                     }
                     kind if MEDIA_PARTS.contains(&kind) => {}
-                    _ => return Err("unknown content part type"),
+                    _ => unknown(item),
                 }
             }
             Ok(())
@@ -591,15 +594,28 @@ mod tests {
 #[cfg(test)]
 mod strict_parts {
     use super::*;
+    use crate::engine::Policy;
+    use crate::policy::CompiledPolicy;
+    use serde_json::Value;
 
     #[test]
-    fn unknown_part_types_skip_the_body() {
-        let body =
-            br#"{"messages":[{"role":"user","content":[{"type":"tool_result","content":"x"}]}]}"#;
-        assert_eq!(
-            ChatBody::parse(body).unwrap_err(),
-            Skip::UnsupportedMessage(0, "unknown content part type")
+    fn a_message_with_an_unknown_part_is_kept_whole_in_place() {
+        let part = r#"{"type":"tool_result","content":"x"}"#;
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"{old}"}},{{"role":"user","content":[{part},{{"type":"text","text":"{old}"}}],"x_new":1}},{{"role":"user","content":"{old}"}},{{"role":"user","content":"last"}}],"z_new":{{"a":[1]}}}}"#,
+            old = "old words ".repeat(20).trim_end(),
         );
+        let parsed = ChatBody::parse(body.as_bytes()).unwrap();
+        let item = &parsed.conversation.items[1];
+        assert!(item.fixed);
+        assert_eq!(item.fixed_chars, part.len());
+        let mut p = Policy::with_budget(20);
+        p.keep_last_n = 1;
+        let (_, out) = parsed.compact(&CompiledPolicy::plain("t", p));
+        let out: Value = serde_json::from_str(&out.unwrap()).unwrap();
+        let original: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(out["messages"][0], original["messages"][1], "{out}");
+        assert_eq!(out["z_new"], original["z_new"]);
     }
 
     #[test]

@@ -14,17 +14,24 @@
 //! The formats sit side by side: [`chat`] (OpenAI chat completions),
 //! [`anthropic`] (Anthropic Messages) and [`responses`] (OpenAI Responses).
 //! Pin rules are not a format's business: the pipeline applies them to the
-//! neutral model ([`crate::compaction`]). A format refuses any part it does
-//! not know ([`Skip::UnsupportedMessage`]) rather than guess its size.
+//! neutral model ([`crate::compaction`]). A message holding a block or part
+//! a format does not know is kept whole, in place, as fixed content counted
+//! by its bytes ([`Item::why_fixed`] says why); a body is skipped only when
+//! it cannot be read as that API's request at all
+//! ([`Skip::UnsupportedMessage`] names the message and the reason).
+//!
+//! Top-level fields are read as the upstreams read JSON: of a repeated key,
+//! the last one wins ([`read_top`]).
 
+pub mod agents;
 pub mod anthropic;
 pub mod chat;
 pub mod responses;
+pub(crate) mod rules;
 pub(crate) mod splice;
 pub(crate) mod split;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
@@ -62,7 +69,7 @@ impl Format {
         let path = path.trim_end_matches('*').trim_end_matches('/');
         if path.ends_with("/messages") {
             Format::Anthropic
-        } else if path.ends_with("/responses") {
+        } else if path.ends_with("/responses") || is_provider_compaction_path(path) {
             Format::Responses
         } else {
             Format::Chat
@@ -78,6 +85,13 @@ impl Format {
             Format::Responses => responses::parse(body, max_items),
         }
     }
+}
+
+/// Whether a request path asks the provider to compact a conversation
+/// (OpenAI's `POST /v1/responses/compact`): such a request is forwarded
+/// untouched, whatever route or format matched it.
+pub fn is_provider_compaction_path(path: &str) -> bool {
+    path.trim_end_matches('/').ends_with("/responses/compact")
 }
 
 impl std::fmt::Display for Format {
@@ -109,6 +123,14 @@ pub enum Skip {
     TooManyMessages(usize, usize),
     #[error("the conversation is held by the server (previous_response_id)")]
     ServerState,
+    /// The request asks the provider to compact the conversation: an
+    /// Anthropic `compaction` request field, or a Responses input ending in
+    /// a `compaction_trigger` item.
+    #[error("the request asks the provider to compact the conversation ({0})")]
+    ProviderCompaction(&'static str),
+    /// The coding agent's own request for a summary of its history.
+    #[error("the request is {0}'s own compaction request")]
+    AgentCompaction(&'static str),
 }
 
 impl Skip {
@@ -120,6 +142,18 @@ impl Skip {
             Skip::UnsupportedMessage(..) => "unsupported-message",
             Skip::TooManyMessages(..) => "too-many-messages",
             Skip::ServerState => "server-state",
+            Skip::ProviderCompaction(_) => "provider-compaction",
+            Skip::AgentCompaction(_) => "agent-compaction",
+        }
+    }
+
+    /// What the status header and the log line add after the reason: the
+    /// message and what is wrong with it. Unbounded values (indices) stay
+    /// out of the metric label, which is [`Skip::reason`] alone.
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            Skip::UnsupportedMessage(i, why) => Some(format!("message {i}: {why}")),
+            _ => None,
         }
     }
 }
@@ -152,15 +186,23 @@ pub struct Item {
     pub group: Option<u32>,
     /// The format cannot drop or cut it (an item it only carries).
     pub fixed: bool,
+    /// Why it is fixed, for the per-message report.
+    pub why_fixed: Option<&'static str>,
+    /// It holds a provider's compaction (an Anthropic `compaction` block, a
+    /// Responses `compaction` item): the provider reads the conversation
+    /// from here on.
+    pub provider_compaction: bool,
     /// Tool calls this item makes, in order.
     pub tool_calls: Vec<ToolCall>,
     /// The call this item answers, when it is a tool result.
     pub answers: Option<String>,
     /// Char counts of the text pieces of an item whose text joins several
-    /// tool results (Anthropic `tool_result` blocks in one user message),
-    /// so that pruning cuts each result on its own; empty otherwise.
+    /// tool results (Anthropic `tool_result` blocks in one user message,
+    /// maybe beside text blocks), so that pruning cuts each result on its
+    /// own and no cut empties one; empty otherwise.
     pub piece_chars: Vec<usize>,
-    /// With `piece_chars`: the call each piece answers.
+    /// With `piece_chars`: the call each piece answers (empty for a text
+    /// block beside the results).
     pub piece_answers: Vec<String>,
     /// Chars of the reasoning blocks the item carries that are bound to
     /// their prefix (Anthropic `thinking` and `redacted_thinking`, whose
@@ -177,6 +219,8 @@ impl Item {
             fixed_chars: 0,
             group: None,
             fixed: false,
+            why_fixed: None,
+            provider_compaction: false,
             tool_calls: Vec::new(),
             answers: None,
             piece_chars: Vec::new(),
@@ -187,6 +231,45 @@ impl Item {
 
     pub fn chars(&self) -> usize {
         crate::engine::text::char_count(&self.text) + self.fixed_chars
+    }
+
+    /// Makes the item fixed: kept whole and in place, for `why`.
+    pub fn fix(&mut self, why: &'static str) {
+        self.fixed = true;
+        if self.why_fixed.is_none() {
+            self.why_fixed = Some(why);
+        }
+    }
+}
+
+/// Why an item holding a block or part the format does not know is fixed.
+pub const UNKNOWN_KEPT_WHOLE: &str = "unknown block type kept whole";
+/// Why an item before the latest provider compaction is fixed.
+pub const BEFORE_COMPACTION: &str =
+    "before the provider's latest compaction: the provider does not read it";
+/// Why an item holding a provider compaction is fixed.
+pub const HOLDS_COMPACTION: &str = "holds the provider's compaction, forwarded byte for byte";
+
+impl Conversation {
+    /// The provider reads the conversation from its latest compaction on
+    /// (Anthropic's API ignores what precedes a `compaction` block): items
+    /// before it are forwarded as they came and count nothing.
+    pub(crate) fn read_from_latest_compaction(&mut self) {
+        let Some(at) = self.items.iter().rposition(|m| m.provider_compaction) else {
+            return;
+        };
+        for item in &mut self.items[..at] {
+            item.fix(BEFORE_COMPACTION);
+            item.why_fixed = Some(BEFORE_COMPACTION);
+            item.text.clear();
+            item.fixed_chars = 0;
+            item.group = None;
+            item.tool_calls.clear();
+            item.answers = None;
+            item.piece_chars.clear();
+            item.piece_answers.clear();
+        }
+        self.items[at].group = None;
     }
 }
 
@@ -268,31 +351,26 @@ impl Parsed<'_> {
     /// for: `max_tokens` (Messages, older Chat), `max_completion_tokens`
     /// (Chat) or `max_output_tokens` (Responses), the largest one set.
     pub fn request_limits(&self) -> (Option<String>, Option<usize>) {
-        #[derive(Deserialize)]
-        struct Limits<'a> {
-            #[serde(borrow, default)]
-            model: Option<std::borrow::Cow<'a, str>>,
-            #[serde(default)]
-            max_tokens: Option<serde_json::Value>,
-            #[serde(default)]
-            max_completion_tokens: Option<serde_json::Value>,
-            #[serde(default)]
-            max_output_tokens: Option<serde_json::Value>,
-        }
-        let Ok(limits) = serde_json::from_str::<Limits>(self.body) else {
+        // Of repeated keys the last wins, as the upstreams read them.
+        let Ok([model, max_tokens, max_completion_tokens, max_output_tokens]) = read_top(
+            self.body,
+            [
+                "model",
+                "max_tokens",
+                "max_completion_tokens",
+                "max_output_tokens",
+            ],
+        ) else {
             return (None, None);
         };
         // A limit that is not a whole number is the upstream's to refuse.
-        let max_output = [
-            &limits.max_tokens,
-            &limits.max_completion_tokens,
-            &limits.max_output_tokens,
-        ]
-        .into_iter()
-        .filter_map(|v| v.as_ref()?.as_u64())
-        .max()
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-        (limits.model.map(|m| m.into_owned()), max_output)
+        let max_output = [max_tokens, max_completion_tokens, max_output_tokens]
+            .into_iter()
+            .filter_map(|v| serde_json::from_str::<u64>(v?.get()).ok())
+            .max()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let model = model.and_then(|m| serde_json::from_str::<Cow<str>>(m.get()).ok());
+        (model.map(Cow::into_owned), max_output)
     }
 
     /// The bytes of item `i` as it came.
@@ -301,34 +379,73 @@ impl Parsed<'_> {
     }
 }
 
-/// Where the top-level array `field` lies in `body`, brackets included,
-/// given its elements as read with the body: found around its first and
-/// last element ([`splice::array_span_of`]), so the array is not read a
-/// second time. An empty array has no element to find it by: the top level
-/// is read again for it (rare).
-fn top_array_span(body: &str, field: &str, items: &[&RawValue]) -> Result<Range<usize>, Skip> {
-    if let Some(found) = splice::array_span_of(body, items) {
-        return Ok(found);
+/// The values of the top-level fields `names` of a JSON object, each as
+/// its raw text; of a repeated key the last one wins, as the upstreams
+/// read JSON (serde's derived structs refuse a repeated key). Not an
+/// object: a data error.
+pub(crate) fn read_top<'a, const N: usize>(
+    body: &'a str,
+    names: [&str; N],
+) -> Result<[Option<&'a RawValue>; N], serde_json::Error> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Fields<'n, const N: usize>(&'n [&'n str; N]);
+    impl<'de, const N: usize> Visitor<'de> for Fields<'_, N> {
+        type Value = [Option<&'de RawValue>; N];
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut values = [None; N];
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                match self.0.iter().position(|n| *n == key) {
+                    Some(at) => values[at] = Some(map.next_value::<&'de RawValue>()?),
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(values)
+        }
     }
-    let top: HashMap<Cow<str>, &RawValue> = top_level(body)?;
-    let array = top.get(field).ok_or(Skip::NoMessages)?;
-    Ok(splice::span(body, array.get()))
+    impl<'de, const N: usize> DeserializeSeed<'de> for Fields<'_, N> {
+        type Value = [Option<&'de RawValue>; N];
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(body);
+    let values = Fields(&names).deserialize(&mut de)?;
+    de.end()?;
+    Ok(values)
 }
 
-/// Reads a body's top level: it must be a JSON object.
-fn top_level<'a, T: Deserialize<'a>>(body: &'a str) -> Result<T, Skip> {
-    // serde's derived structs also read arrays by position: only an object
-    // is a body.
+/// [`read_top`] for a body: it must be a JSON object.
+fn top_fields<'a, const N: usize>(
+    body: &'a str,
+    names: [&str; N],
+) -> Result<[Option<&'a RawValue>; N], Skip> {
     if !body.trim_start().starts_with('{') {
         return match serde_json::from_str::<serde::de::IgnoredAny>(body) {
             Ok(_) => Err(Skip::NoMessages),
             Err(_) => Err(Skip::InvalidJson),
         };
     }
-    serde_json::from_str(body).map_err(|e| match e.classify() {
+    read_top(body, names).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => Skip::NoMessages,
         _ => Skip::InvalidJson,
     })
+}
+
+/// A top-level value that must be an array, as its elements; `null` or
+/// missing: none.
+fn array_field(raw: Option<&RawValue>) -> Result<Option<Vec<&RawValue>>, Skip> {
+    match raw {
+        None => Ok(None),
+        Some(raw) if raw.get() == "null" => Ok(None),
+        Some(raw) => splice::elements(raw.get())
+            .map(Some)
+            .ok_or(Skip::NoMessages),
+    }
 }
 
 #[cfg(test)]
@@ -448,5 +565,35 @@ mod limit_tests {
         assert_eq!(limits(odd, Format::Chat), (Some("m".into()), None));
         let none = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
         assert_eq!(limits(none, Format::Chat), (None, None));
+    }
+
+    #[test]
+    fn repeated_keys_are_read_as_the_upstreams_read_them_the_last_wins() {
+        let limits = |body: &str, format: Format| {
+            format
+                .parse(body.as_bytes(), usize::MAX)
+                .unwrap()
+                .request_limits()
+        };
+        let twice = r#"{"model":"gpt-3.5","max_tokens":10,"model":"gpt-4o","max_tokens":4000,"messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            limits(twice, Format::Chat),
+            (Some("gpt-4o".into()), Some(4000))
+        );
+        let anthropic = r#"{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"max_tokens":8192}"#;
+        assert_eq!(
+            limits(anthropic, Format::Anthropic),
+            (Some("claude-sonnet-4-5".into()), Some(8192))
+        );
+        // The fields a format reads, too: the last system prompt counts,
+        // the last messages array is the one compacted.
+        let body = br#"{"system":"a much longer first system prompt","messages":[{"role":"user","content":"first"}],"system":"short","messages":[{"role":"user","content":"hello"}]}"#;
+        let parsed = Format::Anthropic.parse(body, 10).unwrap();
+        assert_eq!(parsed.conversation.outside_chars, 5);
+        assert_eq!(parsed.conversation.items[0].text, "hello");
+        // A message's repeated keys as well.
+        let body = br#"{"messages":[{"role":"user","content":"a","content":"bcd"}]}"#;
+        let parsed = Format::Anthropic.parse(body, 10).unwrap();
+        assert_eq!(parsed.conversation.items[0].text, "bcd");
     }
 }

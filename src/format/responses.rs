@@ -13,7 +13,14 @@
 //!   group; an output's string (or its text parts) is its text;
 //! - a `reasoning` item is kept with the item that follows it (one group);
 //! - `item_reference` and item types this format does not know are kept
-//!   as they are: never dropped or cut, counted as zero.
+//!   as they are: never dropped or cut, an unknown item counted by its
+//!   bytes (a reference as zero); a message or output holding a part of a
+//!   type this format does not know is kept whole the same way;
+//! - a `compaction` item (the provider's summary, `encrypted_content`) is
+//!   forwarded byte for byte, and the provider reads the input from the
+//!   latest one on: what precedes it counts nothing and goes as it came;
+//!   an input ending in a `compaction_trigger` item asks the provider to
+//!   compact and is skipped (`provider-compaction`).
 //!
 //! A request with `previous_response_id` carries only new items (the
 //! conversation is held by the server): it is forwarded as received.
@@ -25,75 +32,35 @@ use serde_json::value::RawValue;
 
 use super::splice::{span, string_at, ArgumentsForm, WireItem};
 use super::split;
-use super::{top_array_span, top_level, Conversation, Format, Item, Parsed, Skip, ToolCall};
+use super::{
+    array_field, read_top, top_fields, Conversation, Format, Item, Parsed, Skip, ToolCall,
+    HOLDS_COMPACTION, UNKNOWN_KEPT_WHOLE,
+};
 use crate::engine::text::char_count;
 use crate::engine::Role;
 
 const MEDIA_PARTS: [&str; 3] = ["input_image", "input_file", "input_audio"];
 
-#[derive(Deserialize)]
-struct TopFields<'a> {
-    #[serde(borrow, default)]
-    input: Option<Input<'a>>,
-    #[serde(borrow, default)]
-    instructions: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    previous_response_id: Option<&'a RawValue>,
-}
+/// The top-level fields read, in [`read_top`]'s order.
+const TOP_FIELDS: [&str; 3] = ["input", "instructions", "previous_response_id"];
 
-/// The top level outside the input list, which [`split`] replaced by `[]`.
-#[derive(Deserialize)]
-struct Outside<'a> {
-    #[serde(borrow)]
-    input: &'a RawValue,
-    #[serde(borrow, default)]
-    instructions: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    previous_response_id: Option<&'a RawValue>,
-}
-
-/// `input`: one string (nothing to compact) or the item list, whose items
-/// are found in the body's own pass, as chat's messages are. Any other
-/// value fails the top level's read: not a Responses request.
-enum Input<'a> {
-    Text(Cow<'a, str>),
-    Items(Vec<&'a RawValue>),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = Input<'a>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or an array of items")
-            }
-
-            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
-                Ok(Input::Text(Cow::Borrowed(text)))
-            }
-
-            fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
-                Ok(Input::Text(Cow::Owned(text.to_owned())))
-            }
-
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(item) = seq.next_element::<&'de RawValue>()? {
-                    items.push(item);
-                }
-                Ok(Input::Items(items))
-            }
-        }
-        deserializer.deserialize_any(Visit(std::marker::PhantomData))
+/// The chars of the top level's `instructions`; an error when the
+/// conversation is held by the server (`previous_response_id`) or the
+/// instructions are not text.
+fn outside_of(instructions: Option<&RawValue>, previous: Option<&RawValue>) -> Result<usize, Skip> {
+    if previous.is_some_and(|p| p.get() != "null") {
+        return Err(Skip::ServerState);
+    }
+    match instructions {
+        None => Ok(0),
+        Some(raw) if raw.get() == "null" => Ok(0),
+        Some(raw) => serde_json::from_str::<Cow<str>>(raw.get())
+            .map(|text| char_count(&text))
+            .map_err(|_| Skip::NoMessages),
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct ItemFields<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Option<Cow<'a, str>>,
@@ -138,29 +105,25 @@ pub(super) fn parse(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 
 /// [`parse`] the plain way: serde reads the whole body, then each item.
 fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
-    let top: TopFields = top_level(body)?;
-    if top.previous_response_id.is_some_and(|p| p.get() != "null") {
-        return Err(Skip::ServerState);
+    let [input, instructions, previous] = top_fields(body, TOP_FIELDS)?;
+    let instructions_chars = outside_of(instructions, previous)?;
+    let raw = input.ok_or(Skip::NoMessages)?;
+    if raw.get().starts_with('"') {
+        // A single string: nothing to compact, all of it counts.
+        let text: Cow<str> = serde_json::from_str(raw.get()).map_err(|_| Skip::NoMessages)?;
+        return Ok(Parsed {
+            format: Format::Responses,
+            conversation: Conversation {
+                outside_chars: instructions_chars + char_count(&text),
+                ..Conversation::default()
+            },
+            body,
+            array_span: span(body, raw.get()),
+            wire: Vec::new(),
+        });
     }
-    let input = top.input.ok_or(Skip::NoMessages)?;
-    let instructions_chars = top.instructions.as_deref().map_or(0, char_count);
-    let items = match input {
-        Input::Text(text) => {
-            // A single string: nothing to compact, all of it counts.
-            return Ok(Parsed {
-                format: Format::Responses,
-                conversation: Conversation {
-                    outside_chars: instructions_chars + char_count(&text),
-                    ..Conversation::default()
-                },
-                body,
-                array_span: top_array_span(body, "input", &[])?,
-                wire: Vec::new(),
-            });
-        }
-        Input::Items(items) => items,
-    };
-    let array_span = top_array_span(body, "input", &items)?;
+    let items = array_field(input)?.ok_or(Skip::NoMessages)?;
+    let array_span = span(body, raw.get());
     let items = items.into_iter().map(RawValue::get).collect();
     read_items(body, items, array_span, instructions_chars, max_items)
 }
@@ -170,11 +133,8 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// plain way.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
     let (array, instructions_chars) = split::split_body(body, "input", |outside| {
-        let top: Outside = serde_json::from_str(outside).ok()?;
-        if top.previous_response_id.is_some_and(|p| p.get() != "null") {
-            return None;
-        }
-        Some((top.input, top.instructions.as_deref().map_or(0, char_count)))
+        let [input, instructions, previous] = read_top(outside, TOP_FIELDS).ok()?;
+        Some((input?, outside_of(instructions, previous).ok()?))
     })?;
     read_items(
         body,
@@ -210,12 +170,13 @@ fn read_items<'a>(
     let mut turn_group: Option<u32> = None;
     // Reasoning items waiting for the item they belong with.
     let mut reasoning: Vec<usize> = Vec::new();
+    let count = items.len();
     for (i, raw) in items.into_iter().enumerate() {
+        let last = i + 1 == count;
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
-        let f: ItemFields =
-            serde_json::from_str(raw).map_err(|_| Skip::UnsupportedMessage(i, "not an item"))?;
+        let f = item_fields(raw).ok_or(Skip::UnsupportedMessage(i, "not an item"))?;
         let mut w = WireItem {
             span: span(body, raw),
             ..WireItem::default()
@@ -284,12 +245,30 @@ fn read_items<'a>(
                 reasoning.push(i);
                 in_turn = turn_group.is_some();
             }
-            _ => {
-                // item_reference and types this format does not read.
+            "compaction" => {
+                // The provider's summary: it reads the input from here on.
                 item.role = Role::Assistant;
-                item.fixed = true;
+                item.provider_compaction = true;
+                item.fix(HOLDS_COMPACTION);
+                item.fixed_chars = raw.len();
+            }
+            "compaction_trigger" if last => {
+                return Err(Skip::ProviderCompaction("a compaction_trigger item"));
+            }
+            "item_reference" => {
+                // The item it names is the server's: its size is unknown.
+                item.role = Role::Assistant;
+                item.fix("an item_reference, kept in place");
+            }
+            _ => {
+                // Types this format does not read.
+                item.role = Role::Assistant;
+                item.fix(UNKNOWN_KEPT_WHOLE);
+                item.fixed_chars = raw.len();
             }
         }
+        // A fixed item's bytes go as they came.
+        w.sealed = item.fixed;
         if !in_turn {
             turn_group = None;
         }
@@ -312,14 +291,39 @@ fn read_items<'a>(
     }
     for r in reasoning {
         // Trailing reasoning belongs with nothing yet: keep it.
-        conversation.items[r].fixed = true;
+        conversation.items[r].fix("reasoning with no item after it yet");
     }
+    conversation.read_from_latest_compaction();
     Ok(Parsed {
         format: Format::Responses,
         conversation,
         body,
         array_span,
         wire,
+    })
+}
+
+/// Item types this format reads.
+const KNOWN_ITEMS: [&str; 6] = [
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "compaction",
+    "compaction_trigger",
+];
+
+/// An item's fields; an item of a type this format does not read whose
+/// fields it cannot read either is its type alone (kept whole).
+fn item_fields(raw: &str) -> Option<ItemFields<'_>> {
+    if let Ok(fields) = serde_json::from_str::<ItemFields>(raw) {
+        return Some(fields);
+    }
+    let [kind] = read_top(raw, ["type"]).ok()?;
+    let kind: Cow<str> = serde_json::from_str(kind?.get()).ok()?;
+    (!KNOWN_ITEMS.contains(&kind.as_ref())).then(|| ItemFields {
+        kind: Some(kind),
+        ..ItemFields::default()
     })
 }
 
@@ -338,16 +342,26 @@ fn read_content<'a>(
             for (element, raw) in
                 w.open_array(body, raw, NOT_CONTENT, "a content part is not an object")?
             {
-                let p: PartFields =
-                    serde_json::from_str(raw).map_err(|_| "a content part has no string type")?;
+                let unknown = |item: &mut Item| {
+                    item.fixed_chars += raw.len();
+                    item.fix(UNKNOWN_KEPT_WHOLE);
+                };
+                let Ok(p) = serde_json::from_str::<PartFields>(raw) else {
+                    unknown(item);
+                    continue;
+                };
                 match p.kind.as_ref() {
-                    "input_text" | "output_text" => p
-                        .text
-                        .and_then(|t| w.push_text(body, t, Some(element)))
-                        .ok_or("a text part without text")?,
+                    "input_text" | "output_text" => {
+                        if p.text
+                            .and_then(|t| w.push_text(body, t, Some(element)))
+                            .is_none()
+                        {
+                            unknown(item);
+                        }
+                    }
                     "refusal" => item.fixed_chars += p.refusal.as_deref().map_or(0, char_count),
                     kind if MEDIA_PARTS.contains(&kind) => {}
-                    _ => return Err("unknown content part type"),
+                    _ => unknown(item),
                 }
             }
             Ok(())
@@ -420,12 +434,46 @@ mod tests {
         let c = parse(&json!({"input": "hello", "instructions": "x"})).unwrap();
         assert!(c.items.is_empty());
         assert_eq!(c.total_chars(), 6);
+        let c =
+            parse(&json!({"input": [{"role": "user", "content": [{"type": "mystery"}]}]})).unwrap();
+        assert!(c.items[0].fixed, "an unknown part: kept whole");
+        assert_eq!(c.items[0].fixed_chars, r#"{"type":"mystery"}"#.len());
+    }
+
+    #[test]
+    fn compaction_items_count_from_the_latest_and_a_trigger_is_the_providers() {
+        let compaction =
+            json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAB"});
+        let c = parse(&json!({"input": [
+            {"role": "user", "content": "old task"},
+            {"type": "function_call", "call_id": "a", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "a", "output": "old output"},
+            compaction.clone(),
+            {"role": "user", "content": "go on"}
+        ]}))
+        .unwrap();
+        assert!(c.items[..4].iter().all(|i| i.fixed));
+        assert!(c.items[3].provider_compaction);
+        assert_eq!(c.items[..3].iter().map(Item::chars).sum::<usize>(), 0);
         assert_eq!(
-            parse(&json!({"input": [{"role": "user", "content": [{"type": "mystery"}]}]}))
-                .unwrap_err()
-                .reason(),
-            "unsupported-message"
+            c.total_chars(),
+            serde_json::to_string(&compaction).unwrap().len() + "go on".len()
         );
+        assert_eq!(
+            parse(&json!({"input": [
+                {"role": "user", "content": "old task"},
+                {"type": "compaction_trigger"}
+            ]}))
+            .unwrap_err()
+            .reason(),
+            "provider-compaction"
+        );
+        // An item of a type this format does not know whose fields do not
+        // read either is kept whole; a known one whose fields do not read
+        // is no Responses item.
+        let c = parse(&json!({"input": [{"type": "web_search_call", "name": {"a": 1}}]})).unwrap();
+        assert!(c.items[0].fixed);
+        assert!(parse(&json!({"input": [{"type": "function_call", "name": {"a": 1}}]})).is_err());
     }
 
     /// Pieces of Responses bodies, tricky for a scan that splits the

@@ -45,6 +45,9 @@ pub(super) struct Decided {
     pub seconds: Option<f64>,
     /// Whether the cache answered (`None`: not looked up).
     pub cache_hit: Option<bool>,
+    /// A skip's detail: the message and what is wrong with it
+    /// ([`Skip::detail`]), for the status header and the log line.
+    pub detail: Option<String>,
 }
 
 impl Decided {
@@ -54,6 +57,7 @@ impl Decided {
             outcome: None,
             seconds: None,
             cache_hit: None,
+            detail: None,
         }
     }
 }
@@ -62,6 +66,8 @@ impl Decided {
 enum Decline {
     /// Forward it as it came, marked `skipped; <reason>`.
     Skip(&'static str),
+    /// The same, for a body that was read: its [`Skip`] says why.
+    Read(Skip),
     /// Refuse it (only a body that decodes past the size limit).
     Refuse(ProxyError),
 }
@@ -126,6 +132,12 @@ pub(super) async fn decide(
     let ((outcome, hit), seconds) = match computed {
         Ok((Ok(computed), seconds)) => (computed, seconds),
         Ok((Err(Decline::Skip(reason)), _)) => return Ok(Decided::skipped(reason)),
+        Ok((Err(Decline::Read(skip)), _)) => {
+            return Ok(Decided {
+                detail: skip.detail(),
+                ..Decided::skipped(skip.reason())
+            })
+        }
         Ok((Err(Decline::Refuse(e)), _)) => return Err(e),
         Err(e) => {
             // A bug in the engine must not fail the request: forward it as it came.
@@ -138,6 +150,7 @@ pub(super) async fn decide(
         outcome: Some(outcome),
         seconds: Some(seconds),
         cache_hit: Some(hit),
+        detail: None,
     })
 }
 
@@ -174,7 +187,7 @@ fn compute(
             limits.messages,
             &state.checkpoints,
         )
-        .map_err(|skip| Decline::Skip(skip.reason()))?;
+        .map_err(Decline::Read)?;
         return Ok((Arc::new(outcome), false));
     }
     let key = CompactionCache::key(policy.id, format, &decoded);
@@ -188,7 +201,7 @@ fn compute(
         limits.messages,
         &state.checkpoints,
     )
-    .map_err(|skip| Decline::Skip(skip.reason()))?;
+    .map_err(Decline::Read)?;
     let outcome = Arc::new(outcome);
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
@@ -206,6 +219,7 @@ pub fn outcome_of(
     checkpoints: &dyn Checkpoints,
 ) -> Result<Outcome, Skip> {
     let parsed = format.parse(decoded, max_messages)?;
+    refuse_agent_compaction(&parsed, policy)?;
     let compacted = crate::compaction::compact(&parsed, policy, checkpoints);
     Ok(Outcome {
         loss: compacted.loss,
@@ -216,6 +230,18 @@ pub fn outcome_of(
 
 /// The skip reason of a body over its budget that has nothing to remove.
 pub const NOTHING_REMOVABLE: &str = "nothing-removable";
+
+/// The coding agent's own compaction request is forwarded untouched
+/// (`detect_agent_compaction`), so the agent summarizes all it has.
+pub fn refuse_agent_compaction(
+    parsed: &crate::format::Parsed,
+    policy: &CompiledPolicy,
+) -> Result<(), Skip> {
+    match parsed.agent_compaction() {
+        Some(agent) if policy.detect_agent_compaction => Err(Skip::AgentCompaction(agent.name())),
+        _ => Ok(()),
+    }
+}
 
 /// How a compactable body is reported; only `Compacted` forwards the rewrite.
 pub fn status_of(policy: &CompiledPolicy, outcome: &Outcome) -> Status {

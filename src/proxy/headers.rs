@@ -200,17 +200,24 @@ pub fn write_loss_report(
     );
 }
 
+/// Adds a skip's detail after its reason in `x-compaction-status`
+/// (`skipped; unsupported-message; message 3: content is not a string or
+/// array`), so the client learns which message and why.
+pub fn append_status_detail(headers: &mut HeaderMap, detail: &str) {
+    let status = headers
+        .get(STATUS)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| format!("{v}; {detail}"));
+    if let Some(v) = status.and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(STATUS, v);
+    }
+}
+
 /// Says in `x-compaction-status` that the request asked for a bypass its
 /// policy refuses (`compacted; bypass-not-allowed`), so the client learns
 /// why its bypass header had no effect.
 pub fn note_bypass_refused(headers: &mut HeaderMap) {
-    let status = headers
-        .get(STATUS)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| format!("{v}; bypass-not-allowed"));
-    if let Some(v) = status.and_then(|v| HeaderValue::try_from(v).ok()) {
-        headers.insert(STATUS, v);
-    }
+    append_status_detail(headers, "bypass-not-allowed");
 }
 
 /// Writes stable mode's prefix report: how many leading forwarded messages

@@ -101,6 +101,9 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     // Requests that are not compacted keep their body streaming.
     let untouched = if parts.method != Method::POST {
         Some(Status::Skipped("not-post"))
+    } else if crate::format::is_provider_compaction_path(parts.uri.path()) {
+        // The provider compacts it: its body is the provider's to read.
+        Some(Status::Skipped("provider-compaction"))
     } else if wants_bypass && resolution.policy.allow_bypass {
         Some(Status::Bypassed)
     } else {
@@ -114,6 +117,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             bypass_refused,
             stable: None,
             report_id: None,
+            detail: None,
         };
         return forward(
             &state,
@@ -141,6 +145,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         };
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
+    record.skip_detail = decided.detail.clone();
     let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
         .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
@@ -167,6 +172,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         bypass_refused,
         stable,
         report_id,
+        detail: decided.detail,
     };
     forward(
         &state,
@@ -226,6 +232,8 @@ struct Verdict {
     stable: Option<StableInfo>,
     /// The id under which this request's per-message report is kept.
     report_id: Option<String>,
+    /// A skip's detail, after its reason in `x-compaction-status`.
+    detail: Option<String>,
 }
 
 impl Verdict {
@@ -236,6 +244,9 @@ impl Verdict {
             &self.resolution.policy.name,
             self.loss.as_ref(),
         );
+        if let Some(detail) = &self.detail {
+            headers::append_status_detail(headers, detail);
+        }
         if self.bypass_refused {
             headers::note_bypass_refused(headers);
         }

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod agent_captures;
 mod agent_decisions;
 mod agent_fixture;
 mod agent_properties;
@@ -16,6 +17,7 @@ mod format_rules;
 mod format_stable;
 mod header_consistency;
 mod hostile;
+mod leftover_properties;
 mod metrics_scrape;
 mod openai_properties;
 mod operator;
@@ -29,6 +31,7 @@ mod proxy_tls;
 mod proxy_transparency;
 mod proxy_upgrade;
 mod relevance_retention;
+mod request_shapes;
 mod sdk_formats;
 mod sdk_openai;
 mod stable_mode;
