@@ -107,11 +107,12 @@ detect_agent_compaction = false
     for (path, body, expected) in [
         ("/v1/messages", claude_code_summary_request(), "compacted"),
         ("/v1/responses", codex_checkpoint_request(), "compacted"),
-        // Its two messages are a kept role and the latest: nothing to cut.
+        // Its two messages are a kept role and the latest: nothing to cut,
+        // over the budget.
         (
             "/v1/chat/completions",
             opencode_summary_request(),
-            "unchanged",
+            "skipped; nothing-removable",
         ),
     ] {
         let (status, received) = through(toml, path, &body).await;
