@@ -481,6 +481,7 @@ mod tests {
             },
             rewritten: Some(Bytes::from_static(b"{}")),
             stable: None,
+            beta: None,
         })
     }
 
@@ -504,6 +505,7 @@ mod tests {
             loss: outcome().loss,
             rewritten: None,
             stable: None,
+            beta: None,
         });
         let (a, b) = (key(1, Format::Chat, b"a"), key(1, Format::Chat, b"b"));
         cache.insert(a, b"a", unchanged.clone());

@@ -227,6 +227,10 @@ pub struct PolicyConfig {
     /// summary, Codex's checkpoint, opencode's summarization agent)
     /// untouched, so it summarizes its whole history.
     pub detect_agent_compaction: bool,
+    /// Anthropic: when the last turn of an open tool loop keeps reasoning
+    /// whose prefix changed, ask the API to drop it (`drop_block`, with its
+    /// beta header); off for compatible upstreams that run no prefix check.
+    pub thinking_drop_block: bool,
     pub scoring: Scoring,
     /// Relevance only: protect messages at least this relevant, in [0, 1].
     /// Left out: [`RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE`].
@@ -349,6 +353,7 @@ impl Default for PolicyConfig {
             dry_run: false,
             allow_report: false,
             detect_agent_compaction: true,
+            thinking_drop_block: true,
             scoring: Scoring::Seed,
             pin_relevant_above: None,
             relevant_pin_share: None,

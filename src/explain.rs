@@ -189,6 +189,7 @@ pub fn report_for<'a>(
             .as_ref()
             .map(|plan| Bytes::from(parsed.splice(plan))),
         stable: compacted.stable,
+        beta: None,
     };
     let messages = crate::compaction::engine_messages(conversation, policy);
     let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();

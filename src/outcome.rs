@@ -14,6 +14,9 @@ pub struct Outcome {
     pub rewritten: Option<Bytes>,
     /// Stable mode's prefix report.
     pub stable: Option<StableInfo>,
+    /// An `anthropic-beta` value the rewritten body needs (it asks the API
+    /// to drop stale reasoning: [`crate::compaction::thinking`]).
+    pub beta: Option<&'static str>,
 }
 
 /// What the proxy did with a request's messages.

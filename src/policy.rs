@@ -66,6 +66,8 @@ pub struct CompiledPolicy {
     pub allow_report: bool,
     /// Forward a coding agent's own compaction request untouched.
     pub detect_agent_compaction: bool,
+    /// Ask Anthropic's API to drop stale reasoning it requires in place.
+    pub thinking_drop_block: bool,
     /// `scoring = "relevance"`: the request header whose text is the goal.
     pub relevance_goal_header: Option<HeaderName>,
     /// Stable mode's low-water mark and kept head, as shares of the budget.
@@ -109,6 +111,7 @@ impl CompiledPolicy {
             dry_run: false,
             allow_report: false,
             detect_agent_compaction: true,
+            thinking_drop_block: true,
             relevance_goal_header: None,
             stable_target_ratio: 0.7,
             stable_head_ratio: 0.4,
@@ -147,6 +150,7 @@ impl CompiledPolicy {
             dry_run: self.dry_run,
             allow_report: self.allow_report,
             detect_agent_compaction: self.detect_agent_compaction,
+            thinking_drop_block: self.thinking_drop_block,
             relevance_goal_header: self.relevance_goal_header.clone(),
             stable_target_ratio: self.stable_target_ratio,
             stable_head_ratio: self.stable_head_ratio,
@@ -674,6 +678,7 @@ fn compile_policy(
             dry_run: p.dry_run,
             allow_report: p.allow_report,
             detect_agent_compaction: p.detect_agent_compaction,
+            thinking_drop_block: p.thinking_drop_block,
             relevance_goal_header: relevance_goal_header.and_then(Result::ok),
             stable_target_ratio: p.stable_target_ratio,
             stable_head_ratio: p.stable_head_ratio,

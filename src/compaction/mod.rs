@@ -26,7 +26,7 @@ pub mod thinking;
 pub mod tokens;
 
 use crate::engine::{self, Kept, Message, Report};
-use crate::format::{Conversation, Parsed, Plan, Planned};
+use crate::format::{Conversation, Parsed, Plan, Planned, Reasoning};
 use crate::outcome::LossSummary;
 use crate::policy::CompiledPolicy;
 
@@ -128,7 +128,7 @@ pub fn plan_of(report: &Report) -> Plan {
                 text: (m.kept == Kept::Trimmed).then(|| m.content.clone()),
                 arguments: Vec::new(),
                 pieces: None,
-                strip_thinking: false,
+                thinking: Default::default(),
             })
             .collect(),
     }
@@ -137,10 +137,9 @@ pub fn plan_of(report: &Report) -> Plan {
 /// Whether a plan forwards anything other than every item as it came.
 pub fn changes(plan: &Plan, items: usize) -> bool {
     plan.items.len() != items
-        || plan
-            .items
-            .iter()
-            .any(|p| p.text.is_some() || !p.arguments.is_empty() || p.strip_thinking)
+        || plan.items.iter().any(|p| {
+            p.text.is_some() || !p.arguments.is_empty() || p.thinking != Reasoning::AsTheyCame
+        })
 }
 
 /// Exact mode: the engine over the whole conversation. The plan is `None`
@@ -491,7 +490,7 @@ pub fn loss_with_passes(
     for p in &plan.items {
         let item = &conversation.items[p.index];
         let mut chars = item.chars();
-        if p.strip_thinking {
+        if p.thinking == Reasoning::Stripped {
             chars -= item.thinking.unwrap_or(0);
             stripped_thinking += 1;
         }

@@ -26,7 +26,7 @@ use std::borrow::Cow;
 use super::agent::{self, AgentEdits, TextEdit};
 use super::tokens::Encoding;
 use crate::engine::{self, text::char_count, text::char_prefix, Message};
-use crate::format::{Conversation, Parsed, Plan, Planned};
+use crate::format::{Conversation, Parsed, Plan, Planned, Reasoning};
 use crate::policy::CompiledPolicy;
 
 /// One item of the running form: which item, what the agent passes made
@@ -39,9 +39,9 @@ pub struct Entry {
     /// Tool calls (by position, the first 32) whose arguments are clipped
     /// to the policy's `max_arg_chars`.
     pub clipped: u32,
-    /// Forwarded without its reasoning blocks: a re-compaction changed
+    /// What becomes of its reasoning blocks once a re-compaction changed
     /// what lies before it ([`super::thinking`]).
-    pub stripped: bool,
+    pub thinking: Reasoning,
 }
 
 /// An agent pass's rewrite of an entry's text. Either is a pure function
@@ -277,7 +277,7 @@ pub fn replay(
                     arguments,
                     // Stable mode spreads a pruned text as one text.
                     pieces: None,
-                    strip_thinking: e.stripped,
+                    thinking: e.thinking,
                 }
             })
             .collect(),
@@ -472,7 +472,7 @@ impl<'a> Replay<'a> {
     /// stripped reasoning.
     fn fixed_of(&self, e: &Entry) -> usize {
         let item = &self.conversation.items[e.index as usize];
-        let fixed = if e.stripped {
+        let fixed = if e.thinking == Reasoning::Stripped {
             item.fixed_chars - item.thinking.unwrap_or(0)
         } else {
             item.fixed_chars
@@ -564,9 +564,18 @@ impl<'a> Replay<'a> {
             .zip(after.iter())
             .take_while(|(a, b)| a == b)
             .count();
-        for e in &mut after[first_change..] {
+        let open = super::thinking::open_loop_turn(
+            after
+                .iter()
+                .map(|e| &self.conversation.items[e.index as usize]),
+        );
+        for (k, e) in after.iter_mut().enumerate().skip(first_change) {
             if self.conversation.items[e.index as usize].thinking.is_some() {
-                e.stripped = true;
+                e.thinking = if Some(k) == open {
+                    Reasoning::Stale
+                } else {
+                    Reasoning::Stripped
+                };
             }
         }
     }

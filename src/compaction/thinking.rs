@@ -25,9 +25,43 @@
 //!   from its first changed position on, and that choice stays part of the
 //!   form, so later turns forward the same bytes.
 //!
-//! Pure: it only marks [`Planned::strip_thinking`].
+//! One turn cannot lose its blocks: the last assistant turn of an open
+//! tool loop (the one whose calls the request's final tool results answer)
+//! must start with its thinking, or the API refuses the request. When that
+//! turn's prefix changed, its blocks are kept and marked
+//! [`Reasoning::Stale`]: the proxy then asks the API to drop them
+//! (`thinking.block_binding.prefix_mismatch_behavior = "drop_block"`, with
+//! its beta header), unless the policy says the upstream runs no check
+//! (`thinking_drop_block = false`).
+//!
+//! Pure: it only marks [`Planned::thinking`].
 
-use crate::format::{Conversation, Plan, Planned};
+use crate::engine::Role;
+use crate::format::{Conversation, Item, Plan, Planned, Reasoning};
+
+/// The position, among `items`, of the last assistant turn of an open tool
+/// loop, when it carries prefix-bound reasoning: the items end with tool
+/// results, and the assistant item before them made the calls.
+pub fn open_loop_turn<'a>(
+    items: impl DoubleEndedIterator<Item = &'a Item> + ExactSizeIterator,
+) -> Option<usize> {
+    let n = items.len();
+    let mut from_end = items.rev().enumerate();
+    let (_, last) = from_end.next()?;
+    if last.role != Role::Tool {
+        return None;
+    }
+    for (k, item) in from_end {
+        match item.role {
+            Role::Tool => continue,
+            Role::Assistant if item.thinking.is_some() && !item.tool_calls.is_empty() => {
+                return Some(n - 1 - k)
+            }
+            _ => return None,
+        }
+    }
+    None
+}
 
 /// Exact mode: marks the planned items whose reasoning is stale. The items
 /// before position `p` of `plan` were forwarded, when item `plan[p]` was
@@ -49,6 +83,7 @@ pub fn strip_stale_exact(
     let mut unchanged_so_far = true;
     let mut stale = false;
     let mut stripped = 0;
+    let open = open_loop_turn(plan.items.iter().map(|p| &items[p.index]));
     for (position, planned) in plan.items.iter_mut().enumerate() {
         let item = &items[planned.index];
         while next_item < planned.index {
@@ -60,8 +95,10 @@ pub fn strip_stale_exact(
         if item.thinking.is_some() {
             let fit_then = prefix_chars <= budget_chars;
             stale |= !(unchanged_so_far && fit_then);
-            if stale {
-                planned.strip_thinking = true;
+            if stale && Some(position) == open {
+                planned.thinking = Reasoning::Stale;
+            } else if stale {
+                planned.thinking = Reasoning::Stripped;
                 stripped += 1;
             }
         }
@@ -72,14 +109,14 @@ pub fn strip_stale_exact(
 
 /// Whether a planned item is forwarded as it came.
 pub(crate) fn is_verbatim(planned: &Planned) -> bool {
-    planned.text.is_none() && planned.arguments.is_empty() && !planned.strip_thinking
+    planned.text.is_none()
+        && planned.arguments.is_empty()
+        && planned.thinking == Reasoning::AsTheyCame
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Role;
-    use crate::format::Item;
 
     fn thinking_turn(text: &str) -> Item {
         let mut item = Item::new(Role::Assistant, text);
@@ -110,7 +147,7 @@ mod tests {
     fn stripped(plan: &Plan) -> Vec<usize> {
         plan.items
             .iter()
-            .filter(|p| p.strip_thinking)
+            .filter(|p| p.thinking == Reasoning::Stripped)
             .map(|p| p.index)
             .collect()
     }
@@ -149,6 +186,22 @@ mod tests {
         let mut plan = plan_of(&[0, 1, 2, 3]);
         assert_eq!(strip_stale_exact(&c, &mut plan, 100), 1);
         assert_eq!(stripped(&plan), [3]);
+    }
+
+    #[test]
+    fn the_last_turn_of_an_open_tool_loop_keeps_its_stale_reasoning() {
+        let mut c = conversation();
+        c.items[3].tool_calls.push(crate::format::ToolCall {
+            id: "t".into(),
+            name: "read".into(),
+            arguments: "{}".into(),
+        });
+        c.items[4] = Item::new(Role::Tool, "file");
+        let mut plan = plan_of(&[1, 2, 3, 4]);
+        assert_eq!(strip_stale_exact(&c, &mut plan, 10_000), 1);
+        assert_eq!(stripped(&plan), [1]);
+        assert_eq!(plan.items[2].thinking, Reasoning::Stale);
+        assert!(plan.has_stale_thinking());
     }
 
     #[test]

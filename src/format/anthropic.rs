@@ -385,6 +385,43 @@ fn read_result_content<'a>(
 
 /// A message's role and content; of a repeated key the last one wins, as
 /// the API reads it (serde's derived struct, the fast way, refuses one).
+/// The `anthropic-beta` value that lets a request set
+/// `thinking.block_binding`.
+pub const THINKING_BINDING_BETA: &str = "thinking-binding-controls-2026-08-01";
+
+/// `body` with `"block_binding": {"prefix_mismatch_behavior": "drop_block"}`
+/// added to its top-level `thinking` object, so that the API drops
+/// reasoning whose prefix changed instead of refusing the request; `None`
+/// when there is no `thinking` object, or it already says what to do.
+pub fn ask_to_drop_stale_thinking(body: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow)]
+        thinking: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Thinking<'a> {
+        #[serde(borrow)]
+        block_binding: Option<&'a RawValue>,
+    }
+    let top: Top = serde_json::from_str(body).ok()?;
+    let thinking = top.thinking?.get();
+    let parsed: Thinking = serde_json::from_str(thinking).ok()?;
+    if parsed.block_binding.is_some() || !thinking.starts_with('{') {
+        return None;
+    }
+    let at = span(body, thinking).start + 1;
+    let empty = thinking[1..].trim_start().starts_with('}');
+    let mut out = String::with_capacity(body.len() + 64);
+    out.push_str(&body[..at]);
+    out.push_str(r#""block_binding":{"prefix_mismatch_behavior":"drop_block"}"#);
+    if !empty {
+        out.push(',');
+    }
+    out.push_str(&body[at..]);
+    Some(out)
+}
+
 fn message_fields(raw: &str) -> Option<MessageFields<'_>> {
     if let Ok(fields) = serde_json::from_str::<MessageFields>(raw) {
         return Some(fields);
@@ -516,6 +553,29 @@ mod tests {
             out["messages"].as_array().unwrap().last().unwrap()["content"][0]["cache_control"],
             marker
         );
+    }
+
+    #[test]
+    fn stale_thinking_is_dropped_by_asking_in_the_thinking_object() {
+        let body =
+            r#"{"model":"m","thinking": {"type":"adaptive","display":"omitted"},"messages":[]}"#;
+        let out = ask_to_drop_stale_thinking(body).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["thinking"]["block_binding"]["prefix_mismatch_behavior"],
+            "drop_block"
+        );
+        assert_eq!(v["thinking"]["type"], "adaptive");
+        assert!(
+            out.ends_with(r#""display":"omitted"},"messages":[]}"#),
+            "{out}"
+        );
+        let empty = ask_to_drop_stale_thinking(r#"{"thinking":{ }}"#).unwrap();
+        assert!(serde_json::from_str::<Value>(&empty).is_ok(), "{empty}");
+        // The client's own choice stands, and no object means nothing to ask.
+        let chosen = r#"{"thinking":{"type":"adaptive","block_binding":{"prefix_mismatch_behavior":"error"}}}"#;
+        assert_eq!(ask_to_drop_stale_thinking(chosen), None);
+        assert_eq!(ask_to_drop_stale_thinking(r#"{"model":"m"}"#), None);
     }
 
     #[test]

@@ -301,9 +301,31 @@ pub struct Planned {
     /// one (`text` is then their join); `None`: `text` is spread over the
     /// pieces as one text.
     pub pieces: Option<Vec<String>>,
-    /// Forward the item without its prefix-bound reasoning blocks
-    /// ([`Item::thinking`]): something before it changed.
-    pub strip_thinking: bool,
+    /// What becomes of the item's prefix-bound reasoning blocks
+    /// ([`Item::thinking`]).
+    pub thinking: Reasoning,
+}
+
+/// What a plan does with an item's prefix-bound reasoning blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reasoning {
+    /// Forwarded as they came: nothing before them changed (or there are
+    /// none).
+    #[default]
+    AsTheyCame,
+    /// Removed: something before them changed.
+    Stripped,
+    /// Forwarded although something before them changed, because the API
+    /// requires them there (the last turn of an open tool loop must start
+    /// with its thinking): the request asks the API to drop them instead.
+    Stale,
+}
+
+impl Plan {
+    /// Whether the plan forwards reasoning the API must be asked to drop.
+    pub fn has_stale_thinking(&self) -> bool {
+        self.items.iter().any(|p| p.thinking == Reasoning::Stale)
+    }
 }
 
 impl Planned {
@@ -313,7 +335,7 @@ impl Planned {
             text: None,
             arguments: Vec::new(),
             pieces: None,
-            strip_thinking: false,
+            thinking: Reasoning::AsTheyCame,
         }
     }
 }

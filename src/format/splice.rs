@@ -301,7 +301,7 @@ impl Parsed<'_> {
             if let Some(new) = &p.text {
                 item.set_text(wire, new, p.pieces.as_deref());
             }
-            if p.strip_thinking {
+            if p.thinking == super::Reasoning::Stripped {
                 item.strip_thinking(wire);
             }
             for (call, args) in &p.arguments {

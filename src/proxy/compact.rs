@@ -221,10 +221,27 @@ pub fn outcome_of(
     let parsed = format.parse(decoded, max_messages)?;
     refuse_agent_compaction(&parsed, policy)?;
     let compacted = crate::compaction::compact(&parsed, policy, checkpoints);
+    let mut beta = None;
+    let rewritten = compacted.plan.map(|plan| {
+        let body = parsed.splice(&plan);
+        // The last turn of an open tool loop keeps reasoning whose prefix
+        // changed (the API requires it there): ask the API to drop it.
+        let asked = (plan.has_stale_thinking() && policy.thinking_drop_block)
+            .then(|| crate::format::anthropic::ask_to_drop_stale_thinking(&body))
+            .flatten();
+        Bytes::from(match asked {
+            Some(asked) => {
+                beta = Some(crate::format::anthropic::THINKING_BINDING_BETA);
+                asked
+            }
+            None => body,
+        })
+    });
     Ok(Outcome {
         loss: compacted.loss,
-        rewritten: compacted.plan.map(|plan| Bytes::from(parsed.splice(&plan))),
+        rewritten,
         stable: compacted.stable,
+        beta,
     })
 }
 

@@ -233,6 +233,31 @@ pub fn write_stable_report(headers: &mut HeaderMap, info: &StableInfo) {
     );
 }
 
+/// Adds `beta` to the request's `anthropic-beta` values (comma-separated,
+/// in one header as the SDKs send them), unless it is there already.
+pub fn add_anthropic_beta(headers: &mut HeaderMap, beta: &str) {
+    const NAME: HeaderName = HeaderName::from_static("anthropic-beta");
+    let present: Vec<&str> = headers
+        .get_all(&NAME)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    if present.contains(&beta) {
+        return;
+    }
+    let joined = present
+        .into_iter()
+        .chain(std::iter::once(beta))
+        .collect::<Vec<_>>()
+        .join(",");
+    if let Ok(value) = HeaderValue::try_from(joined) {
+        headers.insert(NAME, value);
+    }
+}
+
 pub const REPORT: &str = "x-compaction-report";
 pub const REPORT_ID: &str = "x-compaction-report-id";
 
@@ -441,5 +466,17 @@ mod tests {
         assert!(wants_bypass(&h));
         h.insert(BYPASS, HeaderValue::from_static("1"));
         assert!(!wants_bypass(&h));
+    }
+
+    #[test]
+    fn a_beta_joins_the_clients_values_once() {
+        let mut h = HeaderMap::new();
+        add_anthropic_beta(&mut h, "b2");
+        assert_eq!(h["anthropic-beta"], "b2");
+        h.insert("anthropic-beta", HeaderValue::from_static("a1, c3"));
+        add_anthropic_beta(&mut h, "b2");
+        assert_eq!(h["anthropic-beta"], "a1,c3,b2");
+        add_anthropic_beta(&mut h, "c3");
+        assert_eq!(h["anthropic-beta"], "a1,c3,b2");
     }
 }

@@ -156,6 +156,9 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+            if let Some(beta) = outcome.as_ref().and_then(|o| o.beta) {
+                headers::add_anthropic_beta(&mut parts.headers, beta);
+            }
             rewritten
         }
         _ => raw,

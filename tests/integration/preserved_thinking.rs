@@ -3,7 +3,9 @@
 //! API received them) and refuses a request whose blocks no longer match,
 //! as Anthropic's prefix check does. A client runs a long tool loop through
 //! the proxy, resending its history as it came; compaction drops, trims,
-//! prunes and re-compacts, and no request may fail the check.
+//! prunes and re-compacts, and no request may fail the check. The mock
+//! also holds the API's rule that the last turn of an open tool loop starts
+//! with its thinking, and honours `drop_block` only with its beta header.
 
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +26,28 @@ fn sign(request: &Value, prefix: &[Value], thinking: &str) -> String {
         "{:032x}",
         xxhash_rust::xxh3::xxh3_128(bound.to_string().as_bytes())
     )
+}
+
+/// Whether the request asks the API to drop stale blocks, with the beta
+/// that allows it.
+fn drops_stale(request: &Value, beta: bool) -> bool {
+    beta && request["thinking"]["block_binding"]["prefix_mismatch_behavior"] == "drop_block"
+}
+
+/// The API's open-loop rule: with thinking on, the assistant turn whose
+/// calls the last user turn answers starts with a thinking block.
+fn open_loop_rule(request: &Value) -> Result<(), String> {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let [.., assistant, last] = messages.as_slice() else {
+        return Ok(());
+    };
+    let answers_tools = last["content"]
+        .as_array()
+        .is_some_and(|b| b.iter().any(|b| b["type"] == "tool_result"));
+    if answers_tools && assistant["content"][0]["type"] != "thinking" {
+        return Err("a final `assistant` message must start with a thinking block".into());
+    }
+    Ok(())
 }
 
 /// The mock's prefix check: the first thinking block whose signature does
@@ -55,14 +79,23 @@ fn prefix_check(request: &Value) -> Result<(), String> {
 struct Seen {
     answered: usize,
     refused: Vec<String>,
+    /// Requests that asked for stale blocks to be dropped (and had some).
+    dropped: usize,
     /// The last message answered, for a client reading a stream.
     last: Option<Value>,
 }
 
 fn signing_upstream(seen: Arc<Mutex<Seen>>) -> Behavior {
-    Behavior::AnthropicWith(AnthropicFn(Arc::new(move |request: &Value| {
+    Behavior::AnthropicWith(AnthropicFn(Arc::new(move |request: &Value, beta: bool| {
         let mut seen = seen.lock().unwrap();
-        if let Err(why) = prefix_check(request) {
+        let checked = match prefix_check(request) {
+            Err(_) if drops_stale(request, beta) => {
+                seen.dropped += 1;
+                Ok(())
+            }
+            other => other,
+        };
+        if let Err(why) = checked.and_then(|()| open_loop_rule(request)) {
             seen.refused.push(why.clone());
             return Err(
                 json!({"type": "error", "error": {"type": "invalid_request_error", "message": why}}),
@@ -177,6 +210,12 @@ async fn check(mode: &str, stream: bool) {
         .count();
     assert!(compacted >= 20, "{mode}: {:?}", session.statuses);
     assert!(session.stripped > 0, "{mode}: no reasoning was ever stale");
+    // Every request ends an open tool loop: once its last turn's prefix
+    // changed, the API was asked to drop that turn's blocks.
+    assert!(
+        seen.dropped > 0,
+        "{mode}: the API was never asked to drop a block"
+    );
     if mode == "stable" {
         assert!(
             session.rebased >= 2,
@@ -231,4 +270,15 @@ async fn the_mock_refuses_a_block_whose_prefix_changed() {
     assert!(prefix_check(&later).is_err());
     later["messages"][0]["content"] = json!("a");
     assert!(prefix_check(&later).is_ok());
+    // Dropping is honoured only with the beta header.
+    later["thinking"] =
+        json!({"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}});
+    assert!(drops_stale(&later, true) && !drops_stale(&later, false));
+    // An open loop whose last turn lost its thinking is refused.
+    let open = json!({"messages": [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
+    ]});
+    assert!(open_loop_rule(&open).is_err());
 }

@@ -76,8 +76,9 @@ pub enum Behavior {
     /// `input` is one item).
     OpenAiResponses,
     /// Answers a Messages request with what the function makes of its JSON
-    /// body: `Ok(message)` as a message (or its SSE stream when the request
-    /// has `"stream": true`), `Err(error)` as a 400 with that body.
+    /// body (and whether the thinking-binding beta was sent): `Ok(message)`
+    /// as a message (or its SSE stream when the request has
+    /// `"stream": true`), `Err(error)` as a 400 with that body.
     AnthropicWith(AnthropicFn),
 }
 
@@ -86,7 +87,9 @@ pub enum Behavior {
 #[allow(clippy::type_complexity)]
 pub struct AnthropicFn(
     pub  Arc<
-        dyn Fn(&serde_json::Value) -> Result<serde_json::Value, serde_json::Value> + Send + Sync,
+        dyn Fn(&serde_json::Value, bool) -> Result<serde_json::Value, serde_json::Value>
+            + Send
+            + Sync,
     >,
 );
 
@@ -312,9 +315,16 @@ impl MockUpstream {
                 }
             }
             Behavior::AnthropicWith(answer) => {
+                let last = self.last();
                 let request: serde_json::Value =
-                    serde_json::from_slice(&self.last().body).unwrap_or_default();
-                match (answer.0)(&request) {
+                    serde_json::from_slice(&last.body).unwrap_or_default();
+                let beta = last.headers.get_all("anthropic-beta").iter().any(|v| {
+                    v.to_str().is_ok_and(|v| {
+                        v.split(',')
+                            .any(|b| b.trim() == "thinking-binding-controls-2026-08-01")
+                    })
+                });
+                match (answer.0)(&request, beta) {
                     Ok(message) if request["stream"] == serde_json::Value::Bool(true) => {
                         self.sse(anthropic_events(&message), Duration::from_millis(1), false)
                     }
