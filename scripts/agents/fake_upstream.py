@@ -174,7 +174,7 @@ class Script:
             name = pick("Glob", "glob")
             if name:
                 return name, {"pattern": "**/*", "path": absolute(a["path"])}
-            return self.shell_call(f"ls -la {a['path']}", by_name)
+            return self.shell_call(f"ls -la --time-style=+ {a['path']}", by_name)
         return self.shell_call(a["command"], by_name)
 
     def shell_call(self, command, by_name):
@@ -843,7 +843,12 @@ class Handler(BaseHTTPRequestHandler):
         first_text = text_of(users[0]) if users else ""
         last_item = items[-1] if items else {}
         last_text = text_of(last_item) if last_item.get("type", "message") == "message" else ""
-        session, turn = self.up.locate(outs[-1].get("call_id") if outs else None, first_text, "/v1/responses", self.raw_text)
+        session, turn = self.up.locate(outs[-1].get("call_id") if outs else None, first_text, "/v1/responses",
+                                       self.raw_text)
+        # after a compaction item only what follows it counts
+        compactions = [n for n, it in enumerate(items) if it.get("type") == "compaction"]
+        if compactions and not any(it.get("type") == "function_call_output" for it in items[compactions[-1]:]):
+            session, turn = self.up.locate(None, first_text, "/v1/responses", items[compactions[-1]].get("encrypted_content", ""))
         prefix = [canonical(t) for t in body.get("tools") or []]
         if body.get("instructions"):
             prefix.append(canonical(body["instructions"]))
@@ -857,13 +862,18 @@ class Handler(BaseHTTPRequestHandler):
                 tools.append((t.get("name"), {}))
         rid = f"resp_h{session}t{turn}"
         output = []
-        agent_compaction = is_agent_compaction(last_text) or any(
-            it.get("type") == "compaction_trigger" for it in items)
+        trigger = last_item.get("type") == "compaction_trigger"
+        agent_compaction = trigger or is_agent_compaction(last_text)
         if body.get("reasoning") is not None:
             output.append({"type": "reasoning", "id": f"rs_h{session}t{turn}",
                            "summary": [{"type": "summary_text", "text": self.up.script.thinking(turn)}],
                            "encrypted_content": base64.b64encode(f"fake-reasoning:{session}:{turn}".encode()).decode()})
-        if agent_compaction or not tools:
+        if trigger:
+            # server-side compaction: exactly one opaque compaction item
+            output = [{"type": "compaction", "id": f"cmp_h{session}t{turn}",
+                       "encrypted_content": f"fake-compaction:harness-resume h{session}t{turn - 1}"}]
+            kind = "agent-compaction"
+        elif agent_compaction or not tools:
             text = summary_text(session, turn) if agent_compaction else "Surveying the source tree"
             output.append({"type": "message", "id": f"msg_h{session}t{turn}", "role": "assistant", "status": "completed",
                            "content": [{"type": "output_text", "text": text, "annotations": []}]})

@@ -39,6 +39,10 @@ CLIENTS = {
     "claude": ("claude", "anthropic", []),
     "claude-sonnet": ("claude", "anthropic", ["--model", "claude-sonnet-4-5"]),
     "codex": ("codex", "responses", []),
+    # Codex with its built-in OpenAI provider pointed at the fake upstream
+    # (openai_base_url): it tries websockets first, then HTTP, and compacts
+    # with a `compaction_trigger` item
+    "codex-openai": ("codex", "responses", []),
     "opencode": ("opencode", "chat", []),
 }
 MODES = ["none", "exact", "stable", "defaults"]
@@ -149,6 +153,7 @@ class Run:
         for proxy_var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
             env.pop(proxy_var, None)
         env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+        env["PWD"] = self.args.tree  # opencode takes its project directory from $PWD
         name = self.client
         if name.startswith("claude"):
             env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY="sk-ant-fake-harness-key",
@@ -156,13 +161,20 @@ class Run:
                        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1",
                        DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1",
                        CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY="1")
-        elif name == "codex":
+        elif name.startswith("codex"):
             codex_home = os.path.join(self.home, ".codex")
             os.makedirs(codex_home)
             limit = f"model_auto_compact_token_limit = {self.args.agent_compact_tokens}\n" \
                 if self.args.agent_compact_tokens else ""
+            if name == "codex-openai":
+                provider = f"openai_base_url = \"{base}/v1\"\n"
+                # what `codex login --with-api-key` writes
+                with open(os.path.join(codex_home, "auth.json"), "w") as f:
+                    json.dump({"auth_mode": "apikey", "OPENAI_API_KEY": "sk-fake-harness-key"}, f)
+            else:
+                provider = "model_provider = \"harness\"\n"
             with open(os.path.join(codex_home, "config.toml"), "w") as f:
-                f.write(f"model = \"gpt-5-codex\"\nmodel_provider = \"harness\"\n"
+                f.write(f"model = \"gpt-5-codex\"\n{provider}"
                         f"check_for_update_on_startup = false\n{limit}\n"
                         "[analytics]\nenabled = false\n\n"
                         "[model_providers.harness]\nname = \"harness\"\n"
@@ -299,7 +311,8 @@ def table(results):
 
 def main():
     p = argparse.ArgumentParser(description="Drive coding agents through compaction-proxy.")
-    p.add_argument("--clients", default=",".join(CLIENTS))
+    p.add_argument("--clients", default="claude,claude-sonnet,codex,opencode",
+                   help=f"of {','.join(CLIENTS)}")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--turns", type=int, default=50, help="tool-call turns per session")
     p.add_argument("--budget", type=int, default=60000, help="budget_chars of the proxy's policy")
