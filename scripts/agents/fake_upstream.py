@@ -495,7 +495,7 @@ def prefix_check(body, beta):
     return transformations
 
 
-def open_loop_needs_thinking(body, dropped_paths):
+def open_loop_needs_thinking(body):
     """With thinking on, the assistant turn whose tool calls the final user
     message answers must start with a thinking block."""
     thinking = body.get("thinking") or {}
@@ -511,8 +511,8 @@ def open_loop_needs_thinking(body, dropped_paths):
     blocks = blocks_of(msgs[-2].get("content"))
     if msgs[-2].get("role") != "assistant" or not blocks:
         return
-    if blocks[0].get("type") in ("thinking", "redacted_thinking") and f"messages.{idx}.content.0" not in dropped_paths:
-        return
+    if blocks[0].get("type") in ("thinking", "redacted_thinking"):
+        return  # also when the prefix check dropped it: the API then goes on without it
     raise Invalid(f"messages.{idx}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
                   f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` message must start "
                   "with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). "
@@ -755,7 +755,7 @@ class Handler(BaseHTTPRequestHandler):
         dropped = []
         if self.up.prefix_check:
             dropped = prefix_check(body, beta)
-        open_loop_needs_thinking(body, {d["path"] for d in dropped})
+        open_loop_needs_thinking(body)
         msgs = body["messages"]
         last_user = next((m for m in reversed(msgs) if m.get("role") == "user"), msgs[0])
         results = [b for b in blocks_of(last_user.get("content")) if b.get("type") == "tool_result"]

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod agent_clients;
 mod agent_decisions;
 mod agent_fixture;
 mod agent_properties;
