@@ -99,7 +99,12 @@ async fn post(url: &str, body: &Value, beta: Option<&str>) -> Answer {
     if let Some(beta) = beta {
         request = request.header("anthropic-beta", beta);
     }
-    send(request.body(Full::new(Bytes::from(body.to_string()))).unwrap()).await
+    send(
+        request
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap(),
+    )
+    .await
 }
 
 fn error_message(answer: &Answer) -> String {
@@ -217,7 +222,12 @@ async fn thinking_turn(fake: &FakeUpstream) -> (Value, Value) {
     body["tools"] = tools;
     body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
     let answer = post(&fake.url("/v1/messages"), &body, None).await;
-    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     let reply = answer.json();
     let content = reply["content"].as_array().unwrap().clone();
     assert_eq!(content[0]["type"], "thinking");
@@ -239,7 +249,12 @@ async fn fake_upstream_binds_thinking_blocks_to_their_prefix() {
 
     // Sent back unchanged: accepted, the scripted turn 1, the prefix billed as cached.
     let answer = post(&fake.url("/v1/messages"), &next, None).await;
-    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     let reply = answer.json();
     assert!(reply["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0);
     let turn1 = reply["content"].as_array().unwrap();
@@ -275,7 +290,12 @@ async fn fake_upstream_binds_thinking_blocks_to_their_prefix() {
     assert!(error_message(&answer).contains(BINDING_BETA));
     // ... and with it the failing block is dropped, not refused.
     let answer = post(&fake.url("/v1/messages"), &changed, Some(BINDING_BETA)).await;
-    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     assert_eq!(
         answer.json()["input_transformations"],
         json!([{"type": "thinking_dropped", "path": "messages.1.content.0", "reason": "prefix_mismatch"}])
@@ -323,7 +343,9 @@ fn clients_installed() -> bool {
         std::env::var_os("REQUIRE_AGENT_CLIENTS").is_none(),
         "the agent clients {missing:?} are required here: `npm ci` in scripts/agents (see .ci/run)"
     );
-    eprintln!("skipped: the agent clients {missing:?} are not installed (`npm ci` in scripts/agents)");
+    eprintln!(
+        "skipped: the agent clients {missing:?} are not installed (`npm ci` in scripts/agents)"
+    );
     false
 }
 
@@ -343,11 +365,19 @@ fn agent_clients_run_through_the_shipped_defaults_valid_and_compacted() {
     if !clients_installed() {
         return;
     }
+    let targets = std::env::var_os("AGENT_TARGETS").is_some();
+    // Claude Code on claude-sonnet-4-5 (thinking with a budget) aborts its
+    // session through today's proxy: it runs with the targets only.
+    let clients: &[&str] = if targets {
+        &["claude", "claude-sonnet", "codex", "opencode"]
+    } else {
+        &["claude", "codex", "opencode"]
+    };
     let work = scratch("agents");
     let out = work.join("figures.json");
     let status = Command::new("python3")
         .arg(format!("{AGENTS}/run.py"))
-        .args(["--clients", "claude,codex,opencode", "--modes", "none,defaults"])
+        .args(["--clients", &clients.join(","), "--modes", "none,defaults"])
         .args(["--turns", "14", "--budget", "60000", "--timeout", "240"])
         .arg("--proxy")
         .arg(BIN)
@@ -360,14 +390,19 @@ fn agent_clients_run_through_the_shipped_defaults_valid_and_compacted() {
     assert!(status.success(), "the harness failed (logs in {work:?})");
     let figures: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let results = figures["results"].as_array().unwrap();
-    let targets = std::env::var_os("AGENT_TARGETS").is_some();
-    for client in ["claude", "codex", "opencode"] {
+    for &client in clients {
         let none = row(results, client, "none");
         let defaults = row(results, client, "defaults");
         for r in [none, defaults] {
             let mode = &r["mode"];
-            assert_eq!(r["rc"], 0, "{client} {mode}: the client failed (logs in {work:?})");
-            assert_eq!(r["turns"], 14, "{client} {mode}: the session ran to its end");
+            assert_eq!(
+                r["rc"], 0,
+                "{client} {mode}: the client failed (logs in {work:?})"
+            );
+            assert_eq!(
+                r["turns"], 14,
+                "{client} {mode}: the session ran to its end"
+            );
             assert_eq!(
                 r["refused"], 0,
                 "{client} {mode}: requests the strict upstream refused: {}",
@@ -394,7 +429,7 @@ fn agent_clients_run_through_the_shipped_defaults_valid_and_compacted() {
         );
         // Codex and opencode are compacted today; Claude Code's default
         // model (system entries in `messages`) is not yet.
-        if client != "claude" || targets {
+        if !client.starts_with("claude") || targets {
             assert!(
                 number(&defaults["compacted"]) >= 1.0,
                 "{client}: the shipped defaults compacted nothing ({})",
@@ -402,8 +437,15 @@ fn agent_clients_run_through_the_shipped_defaults_valid_and_compacted() {
             );
         }
         if targets {
-            let limit = if client == "claude" { 0.7 } else { 0.6 };
-            assert!(ratio <= limit, "{client}: bill {ratio:.2}x the no-proxy bill");
+            let limit = if client.starts_with("claude") {
+                0.7
+            } else {
+                0.6
+            };
+            assert!(
+                ratio <= limit,
+                "{client}: bill {ratio:.2}x the no-proxy bill"
+            );
             let extends = number(&defaults["extends"]) / number(&defaults["follow_turns"]);
             assert!(
                 extends >= 0.8,
