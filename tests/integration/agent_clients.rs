@@ -114,6 +114,43 @@ fn error_message(answer: &Answer) -> String {
         .to_owned()
 }
 
+/// The error message of the answer, which must be a 400.
+fn refused(answer: &Answer) -> String {
+    assert_eq!(
+        answer.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    error_message(answer)
+}
+
+/// The answer's JSON, which must be a 200.
+fn accepted(answer: &Answer) -> Value {
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    answer.json()
+}
+
+/// Appends the assistant turn `content` and a user turn answering its tool call.
+fn answer_tool_call(body: &mut Value, content: &Value, result: &str) {
+    let id = content
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .expect("a tool call")["id"]
+        .clone();
+    let messages = body["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": content}));
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": id, "content": result}]}));
+}
+
 fn anthropic(messages: Value) -> Value {
     json!({"model": "claude-sonnet-4-5", "max_tokens": 2048, "messages": messages})
 }
@@ -196,8 +233,7 @@ async fn fake_upstream_refuses_what_the_real_apis_refuse() {
     ];
     for (path, body, expected) in cases {
         let answer = post(&fake.url(path), &body, None).await;
-        assert_eq!(answer.status, 400, "{path} {body}");
-        let message = error_message(&answer);
+        let message = refused(&answer);
         assert!(message.contains(expected), "{path}: {message}");
         let kind = if path == "/v1/messages" {
             answer.json()["type"].clone()
@@ -221,23 +257,11 @@ async fn thinking_turn(fake: &FakeUpstream) -> (Value, Value) {
     let mut body = anthropic(json!([{"role": "user", "content": "Survey the tree."}]));
     body["tools"] = tools;
     body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-    let answer = post(&fake.url("/v1/messages"), &body, None).await;
-    assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let reply = answer.json();
-    let content = reply["content"].as_array().unwrap().clone();
+    let reply = accepted(&post(&fake.url("/v1/messages"), &body, None).await);
+    let content = &reply["content"];
     assert_eq!(content[0]["type"], "thinking");
     assert!(content[0]["signature"].as_str().unwrap().len() > 20);
-    let call = content.iter().find(|b| b["type"] == "tool_use").unwrap();
-    let id = call["id"].clone();
-    let messages = body["messages"].as_array_mut().unwrap();
-    messages.push(json!({"role": "assistant", "content": content}));
-    messages.push(json!({"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": id, "content": "fn main() {}"}]}));
+    answer_tool_call(&mut body, content, "fn main() {}");
     (reply, body)
 }
 
@@ -248,14 +272,7 @@ async fn fake_upstream_binds_thinking_blocks_to_their_prefix() {
     assert_eq!(first["usage"]["cache_read_input_tokens"], 0);
 
     // Sent back unchanged: accepted, the scripted turn 1, the prefix billed as cached.
-    let answer = post(&fake.url("/v1/messages"), &next, None).await;
-    assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let reply = answer.json();
+    let reply = accepted(&post(&fake.url("/v1/messages"), &next, None).await);
     assert!(reply["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0);
     let turn1 = reply["content"].as_array().unwrap();
     assert!(turn1.iter().any(|b| b["type"] == "tool_use"));
@@ -263,70 +280,40 @@ async fn fake_upstream_binds_thinking_blocks_to_their_prefix() {
     // An earlier message changed: the block is bound to a different conversation.
     let mut changed = next.clone();
     changed["messages"][0]["content"] = json!("Survey the tree, briefly.");
-    let answer = post(&fake.url("/v1/messages"), &changed, None).await;
-    assert_eq!(answer.status, 400);
+    let message = refused(&post(&fake.url("/v1/messages"), &changed, None).await);
     assert!(
-        error_message(&answer).starts_with(
+        message.starts_with(
             "messages.1.content.0: Invalid `signature` in `thinking` block. The block is bound to a different conversation."
         ),
-        "{}",
-        error_message(&answer)
+        "{message}"
     );
 
     // The tools changed: the same.
     let mut retooled = next.clone();
     retooled["tools"][0]["description"] = json!("read one file");
-    assert_eq!(
-        post(&fake.url("/v1/messages"), &retooled, None)
-            .await
-            .status,
-        400
-    );
+    refused(&post(&fake.url("/v1/messages"), &retooled, None).await);
 
     // drop_block needs its beta header ...
     changed["thinking"]["block_binding"] = json!({"prefix_mismatch_behavior": "drop_block"});
-    let answer = post(&fake.url("/v1/messages"), &changed, None).await;
-    assert_eq!(answer.status, 400);
-    assert!(error_message(&answer).contains(BINDING_BETA));
+    let message = refused(&post(&fake.url("/v1/messages"), &changed, None).await);
+    assert!(message.contains(BINDING_BETA), "{message}");
     // ... and with it the failing block is dropped, not refused.
-    let answer = post(&fake.url("/v1/messages"), &changed, Some(BINDING_BETA)).await;
+    let answer = accepted(&post(&fake.url("/v1/messages"), &changed, Some(BINDING_BETA)).await);
     assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    assert_eq!(
-        answer.json()["input_transformations"],
+        answer["input_transformations"],
         json!([{"type": "thinking_dropped", "path": "messages.1.content.0", "reason": "prefix_mismatch"}])
     );
 
     // A thinking block between others left out: the later one fails.
     let mut second = next.clone();
-    let content = reply["content"].clone();
-    let id = content
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["type"] == "tool_use")
-        .unwrap()["id"]
-        .clone();
-    let messages = second["messages"].as_array_mut().unwrap();
-    messages.push(json!({"role": "assistant", "content": content}));
-    messages.push(json!({"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": id, "content": "struct A;"}]}));
-    assert_eq!(
-        post(&fake.url("/v1/messages"), &second, None).await.status,
-        200
-    );
+    answer_tool_call(&mut second, &reply["content"], "struct A;");
+    accepted(&post(&fake.url("/v1/messages"), &second, None).await);
     let blocks = second["messages"][1]["content"].as_array_mut().unwrap();
     blocks.remove(0);
-    let answer = post(&fake.url("/v1/messages"), &second, None).await;
-    assert_eq!(answer.status, 400);
+    let message = refused(&post(&fake.url("/v1/messages"), &second, None).await);
     assert!(
-        error_message(&answer).starts_with("messages.3.content.0: Invalid `signature`"),
-        "{}",
-        error_message(&answer)
+        message.starts_with("messages.3.content.0: Invalid `signature`"),
+        "{message}"
     );
 }
 
@@ -375,7 +362,10 @@ fn agent_clients_run_through_the_shipped_defaults_valid_and_compacted() {
     };
     let work = scratch("agents");
     let out = work.join("figures.json");
-    let status = Command::new("python3")
+    // At the lowest CPU priority: the clients are heavy, and the suite's
+    // other tests (some timed) run beside this one.
+    let status = Command::new("nice")
+        .args(["-n", "19", "python3"])
         .arg(format!("{AGENTS}/run.py"))
         .args(["--clients", &clients.join(","), "--modes", "none,defaults"])
         .args(["--turns", "14", "--budget", "60000", "--timeout", "240"])
