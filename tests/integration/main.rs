@@ -3,6 +3,7 @@
 mod support;
 
 mod agent_captures;
+mod agent_clients;
 mod agent_decisions;
 mod agent_fixture;
 mod agent_properties;
