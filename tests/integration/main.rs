@@ -15,6 +15,7 @@ mod format_properties;
 mod format_rules;
 mod format_stable;
 mod hostile;
+mod inspector;
 mod metrics_scrape;
 mod openai_properties;
 mod operator;

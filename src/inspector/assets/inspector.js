@@ -7,6 +7,7 @@
   const TOKEN_KEY = "compaction-proxy-inspector-token";
   const POLL_MS = 2000;
   const FOLD_CHARS = 600;
+  const FOLD_REMOVED_CHARS = 120;
   const MARKS = ["kept", "trimmed", "pruned", "deduplicated", "dropped", "summarized", "marker", "recalled"];
 
   const $ = (id) => document.getElementById(id);
@@ -79,6 +80,25 @@
     return el("span", null, parts.join(" \u00b7 "));
   }
 
+  // The list's short form: all input tokens, the cached share, output.
+  function usageShort(usage) {
+    if (!usage) return el("span", "dim", "\u2014");
+    const known = (n) => n !== null && n !== undefined;
+    const parts = [];
+    if (known(usage.uncached_input_tokens)) {
+      const read = usage.cache_read_input_tokens || 0;
+      const input = usage.uncached_input_tokens + read + (usage.cache_write_input_tokens || 0);
+      parts.push(fmt(input) + " in");
+      if (known(usage.cache_read_input_tokens) && input > 0) parts.push(Math.round((read / input) * 100) + "% cached");
+    } else {
+      parts.push("? in");
+    }
+    parts.push(fmt(usage.output_tokens) + " out");
+    const cell = el("span", null, parts.join(" \u00b7 "));
+    cell.title = usageText(usage).textContent;
+    return cell;
+  }
+
   function savingText(saving) {
     if (!saving) return el("span", "dim", "\u2014");
     const parts = [];
@@ -136,7 +156,7 @@
         el("td", "num", r.http_status === null ? "\u2026" : String(r.http_status)),
         el("td", "num", beforeAfter(r.loss && r.loss.input_chars, r.loss && r.loss.output_chars)),
         el("td", "num", beforeAfter(r.loss && r.loss.input_tokens, r.loss && r.loss.output_tokens)),
-        el("td", "num", usageText(r.usage)),
+        el("td", "num", usageShort(r.usage)),
         el("td", "num", savingText(r.estimated_saving)),
       );
       tr.dataset.id = r.id;
@@ -165,23 +185,24 @@
   }
 
   // A message's text: folded behind its first lines when long.
-  function textBlock(text) {
+  function textBlock(text, foldAt) {
     const pre = el("pre", "text", text);
-    if (text.length <= FOLD_CHARS) return pre;
+    if (text.length <= (foldAt || FOLD_CHARS)) return pre;
     const details = el("details", "fold");
     const head = text.slice(0, 160).replace(/\s+/g, " ");
     details.append(el("summary", null, head + "\u2026 ", el("span", "dim", "(" + fmt(text.length) + " chars: show all)")), pre);
     return details;
   }
 
-  function sideCell(side, cls) {
+  function sideCell(side, cls, removed) {
     const cell = el("div", "cell " + cls);
     if (!side) {
       cell.append(el("div", "absent", cls === "forwarded" ? "not forwarded" : "not in the request"));
       return cell;
     }
     cell.append(el("div", "meta", el("span", "role role-" + side.role, side.role), el("span", "dim", fmt(side.chars) + " chars")));
-    if (side.text) cell.append(textBlock(side.text));
+    // What was removed folds sooner: the forwarded side is what matters.
+    if (side.text) cell.append(textBlock(side.text, removed ? FOLD_REMOVED_CHARS : FOLD_CHARS));
     for (const call of side.tool_calls || []) {
       cell.append(el("div", "call", el("span", "call-name", "\u2192 " + call.name + "(\u2026)"), textBlock(call.arguments)));
     }
@@ -243,7 +264,7 @@
     const nodes = [];
     view.rows.forEach((row, i) => {
       if (view.stable && view.stable.boundary_row === i) nodes.push(boundary(view.stable));
-      const div = el("div", "row mark-row-" + row.mark, sideCell(row.original, "original"), markCell(row), sideCell(row.forwarded, "forwarded"));
+      const div = el("div", "row mark-row-" + row.mark, sideCell(row.original, "original", !row.forwarded), markCell(row), sideCell(row.forwarded, "forwarded", false));
       div.dataset.mark = row.mark;
       if (row.fate) div.dataset.fate = row.fate;
       if (row.index !== null && row.index !== undefined) div.dataset.index = String(row.index);
