@@ -25,7 +25,13 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 pub const ENV_PREFIX: &str = "COMPACTION_PROXY_";
 /// The top-level tables of a configuration.
 const SECTIONS: [&str; 7] = [
-    "server", "upstream", "cache", "policies", "routes", "tenants", "inspector",
+    "server",
+    "upstream",
+    "cache",
+    "policies",
+    "routes",
+    "tenants",
+    "inspector",
 ];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

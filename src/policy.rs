@@ -449,17 +449,19 @@ impl Runtime {
             .map_err(|m| problem("inspector.token_env".into(), m));
 
         match (listen, upstream, tenant_header, inspector) {
-            (Ok(listen), Ok(upstream), Ok(tenant_header), Ok(inspector)) if problems.is_empty() => Ok(Runtime {
-                config,
-                listen,
-                upstream,
-                upstream_roots,
-                timeouts,
-                routes,
-                tenant_header,
-                tenants,
-                inspector,
-            }),
+            (Ok(listen), Ok(upstream), Ok(tenant_header), Ok(inspector)) if problems.is_empty() => {
+                Ok(Runtime {
+                    config,
+                    listen,
+                    upstream,
+                    upstream_roots,
+                    timeouts,
+                    routes,
+                    tenant_header,
+                    tenants,
+                    inspector,
+                })
+            }
             _ => Err(ConfigErrors(problems)),
         }
     }

@@ -88,7 +88,10 @@ impl Settings {
         let Some(given) = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
         else {
             return false;
         };
@@ -336,8 +339,10 @@ mod tests {
             ..InspectorConfig::default()
         };
         assert!(Settings::resolve(&blank_name, &|_| Some("x".into())).is_err());
-        let set = Settings::resolve(&config, &|n| (n == "INSPECTOR_TOKEN").then(|| "s3cret".into()))
-            .unwrap();
+        let set = Settings::resolve(&config, &|n| {
+            (n == "INSPECTOR_TOKEN").then(|| "s3cret".into())
+        })
+        .unwrap();
         assert!(!format!("{set:?}").contains("s3cret"), "Debug hides it");
     }
 
@@ -349,7 +354,10 @@ mod tests {
             requests: &store,
         };
         let status = |path: &str, auth: Option<&str>| handle(handles(), &get(path, auth)).status();
-        assert_eq!(status("/inspector/api/requests", None), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            status("/inspector/api/requests", None),
+            StatusCode::UNAUTHORIZED
+        );
         assert_eq!(
             status("/inspector/api/requests", Some("Bearer wrong")),
             StatusCode::UNAUTHORIZED
@@ -412,14 +420,21 @@ mod tests {
         assert_eq!(inline, 1, "one script tag, and it has a src");
         assert!(!INDEX_HTML.contains("style="), "no inline style");
         assert!(!INDEX_HTML.contains("<style"), "no inline style sheet");
-        for markup in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("] {
+        for markup in [
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "eval(",
+        ] {
             assert!(!SCRIPT_JS.contains(markup), "the script uses {markup}");
         }
     }
 
     #[test]
     fn query_values_are_decoded() {
-        let pairs: Vec<_> = query_pairs("tenant=acme%20corp&status=skipped%3B+x&limit=5&bad=%zz").collect();
+        let pairs: Vec<_> =
+            query_pairs("tenant=acme%20corp&status=skipped%3B+x&limit=5&bad=%zz").collect();
         assert_eq!(pairs[0], ("tenant".into(), "acme corp".into()));
         assert_eq!(pairs[1], ("status".into(), "skipped; x".into()));
         assert_eq!(pairs[3], ("bad".into(), "%zz".into()));

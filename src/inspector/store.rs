@@ -240,10 +240,16 @@ impl RecentRequests {
     /// what the page's filters offer.
     pub fn facets(&self) -> (Vec<Arc<str>>, Vec<Arc<str>>) {
         let inner = self.lock();
-        let mut tenants: Vec<Arc<str>> =
-            inner.entries.iter().map(|e| e.summary.tenant.clone()).collect();
-        let mut policies: Vec<Arc<str>> =
-            inner.entries.iter().map(|e| e.summary.policy.clone()).collect();
+        let mut tenants: Vec<Arc<str>> = inner
+            .entries
+            .iter()
+            .map(|e| e.summary.tenant.clone())
+            .collect();
+        let mut policies: Vec<Arc<str>> = inner
+            .entries
+            .iter()
+            .map(|e| e.summary.policy.clone())
+            .collect();
         for list in [&mut tenants, &mut policies] {
             list.sort();
             list.dedup();

@@ -121,7 +121,9 @@ impl Detail {
         };
         self.rows
             .iter()
-            .map(|r| std::mem::size_of::<Row>() + r.reason.len() + side(&r.original) + side(&r.forwarded))
+            .map(|r| {
+                std::mem::size_of::<Row>() + r.reason.len() + side(&r.original) + side(&r.forwarded)
+            })
             .sum::<usize>()
             + self.summaries.iter().map(String::len).sum::<usize>()
     }
@@ -214,7 +216,11 @@ fn from_plan(plan: &Plan, items: &[Item]) -> Vec<(Option<usize>, Side)> {
 
 /// The mark of a message the report describes as `line` (when it has a
 /// line), forwarded or not, changed on the way or not.
-fn mark_of(line: Option<&MessageFate>, forwarded: bool, changed: bool) -> (Mark, Option<&'static str>, Option<String>) {
+fn mark_of(
+    line: Option<&MessageFate>,
+    forwarded: bool,
+    changed: bool,
+) -> (Mark, Option<&'static str>, Option<String>) {
     let stage = line.and_then(|l| l.stage);
     match stage {
         Some("summarize") => return (Mark::Summarized, stage, None),
@@ -286,7 +292,8 @@ pub fn detail(explained: &Explained<'_, '_>) -> Detail {
             next_forwarded = next_forwarded.max(pos + 1);
         }
         let original = side_of(item);
-        let changed = sent.is_some_and(|(_, s)| s.text != original.text || s.tool_calls != original.tool_calls);
+        let changed = sent
+            .is_some_and(|(_, s)| s.text != original.text || s.tool_calls != original.tool_calls);
         let (mark, stage, reason) = mark_of(line, sent.is_some(), changed);
         rows.push(Row {
             index: Some(i),
@@ -399,9 +406,7 @@ mod tests {
 
     #[test]
     fn stable_mode_shows_where_the_unchanged_prefix_ends() {
-        let policy = policy(
-            "[policies.default]\nbudget_chars = 100000\nmode = \"stable\"\n",
-        );
+        let policy = policy("[policies.default]\nbudget_chars = 100000\nmode = \"stable\"\n");
         let body = chat(&[
             ("user", "first".into()),
             ("assistant", "answer".into()),
@@ -430,9 +435,15 @@ mod tests {
             decision: None,
             tool_calls: Vec::new(),
         };
-        assert_eq!(mark_of(Some(&line("summarize")), false, false).0, Mark::Summarized);
+        assert_eq!(
+            mark_of(Some(&line("summarize")), false, false).0,
+            Mark::Summarized
+        );
         assert_eq!(mark_of(Some(&line("marker")), true, false).0, Mark::Marker);
-        assert_eq!(mark_of(Some(&line("recall")), true, false).0, Mark::Recalled);
+        assert_eq!(
+            mark_of(Some(&line("recall")), true, false).0,
+            Mark::Recalled
+        );
         assert_eq!(mark_of(Some(&line("pin")), true, true).0, Mark::Pruned);
         assert_eq!(mark_of(None, false, false).0, Mark::Dropped);
     }

@@ -159,7 +159,15 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             report: asked,
             inspector: inspected,
         };
-        schedule_report(&state, &runtime, &resolution, raw.clone(), coding, &id, keep);
+        schedule_report(
+            &state,
+            &runtime,
+            &resolution,
+            raw.clone(),
+            coding,
+            &id,
+            keep,
+        );
         id
     });
     let report_id = report_id.filter(|_| asked);
@@ -223,7 +231,7 @@ fn inspected_summary(
         route: resolution.route.clone(),
         format: resolution.format.as_str(),
         tenant: resolution.tenant.clone(),
-        policy: resolution.policy.name.clone().into(),
+        policy: resolution.policy.name.clone(),
         status: status.header(),
         status_label: status.label(),
         http_status: None,
@@ -262,7 +270,9 @@ fn schedule_report(
                 let report = keep
                     .report
                     .then(|| serde_json::to_vec(&explained.report).expect("reports serialise"));
-                let view = keep.inspector.then(|| crate::inspector::view::detail(&explained));
+                let view = keep
+                    .inspector
+                    .then(|| crate::inspector::view::detail(&explained));
                 Ok((report, view))
             });
         match explained {
@@ -351,10 +361,9 @@ impl Recorder {
         self.event.ending = ending;
         self.event.total_seconds = self.started.elapsed().as_secs_f64();
         self.event.emit(&self.state.metrics);
-        if let Some(id) = &self.inspected {
-            self.state
-                .inspector
-                .set_http_status(id, self.event.response_status);
+        // 0: the client left before an answer went out.
+        if let (Some(id), status @ 1..) = (&self.inspected, self.event.response_status) {
+            self.state.inspector.set_http_status(id, status);
         }
     }
 }

@@ -78,7 +78,9 @@ fn history(last: &[(&str, &str)]) -> Value {
     let ask = "run the tests again please and show me the failures";
     messages.push(json!({"role": "user", "content": ask}));
     messages.push(json!({"role": "user", "content": ask}));
-    let parts = ["fees", "refunds", "invoices", "credits", "taxes", "payouts", "disputes", "rates"];
+    let parts = [
+        "fees", "refunds", "invoices", "credits", "taxes", "payouts", "disputes", "rates",
+    ];
     let long: Vec<String> = parts
         .iter()
         .enumerate()
@@ -135,15 +137,25 @@ async fn settled_list(proxy: &TestProxy, token: Option<&str>, expected: usize) -
 #[tokio::test]
 async fn the_inspector_is_not_found_while_off_and_never_forwarded() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
-    let proxy = TestProxy::start("[policies.default]\nallow_report = true\n", &upstream.url()).await;
-    for path in ["/inspector", "/inspector/", "/inspector/api/requests", "/inspector/inspector.js"] {
+    let proxy =
+        TestProxy::start("[policies.default]\nallow_report = true\n", &upstream.url()).await;
+    for path in [
+        "/inspector",
+        "/inspector/",
+        "/inspector/api/requests",
+        "/inspector/inspector.js",
+    ] {
         let answer = send(get(&proxy.url(path), None)).await;
         assert_eq!(answer.status, 404, "{path}");
         assert!(answer.header("content-security-policy").is_some());
     }
     // A request is proxied, and nothing is kept for an inspector that is off.
     send(post(&proxy.url("/v1/chat/completions"), &history(&[]), &[])).await;
-    assert_eq!(upstream.received().len(), 1, "only the chat request went upstream");
+    assert_eq!(
+        upstream.received().len(),
+        1,
+        "only the chat request went upstream"
+    );
     assert_eq!(proxy.state.inspector.size().0, 0);
 }
 
@@ -152,7 +164,12 @@ async fn it_lists_every_request_of_a_reporting_policy_newest_first() {
     let upstream = MockUpstream::start(Behavior::OpenAiChat).await;
     let proxy = TestProxy::start(CONFIG, &upstream.url()).await;
     let chat = proxy.url("/v1/chat/completions");
-    let first = send(post(&chat, &history(&[("user", "what failed?")]), &[("x-tenant-id", "acme")])).await;
+    let first = send(post(
+        &chat,
+        &history(&[("user", "what failed?")]),
+        &[("x-tenant-id", "acme")],
+    ))
+    .await;
     assert_eq!(first.header("x-compaction-status"), Some("compacted"));
     assert_eq!(
         first.header("x-compaction-report-id"),
@@ -179,7 +196,11 @@ async fn it_lists_every_request_of_a_reporting_policy_newest_first() {
     assert!(oldest["time_ms"].as_u64().unwrap() <= newest["time_ms"].as_u64().unwrap());
     let loss = &oldest["loss"];
     assert!(loss["output_chars"].as_u64() < loss["input_chars"].as_u64());
-    assert_eq!(oldest["usage"], Value::Null, "unknown until the response's usage is read");
+    assert_eq!(
+        oldest["usage"],
+        Value::Null,
+        "unknown until the response's usage is read"
+    );
     assert_eq!(oldest["estimated_saving"], Value::Null);
     assert_eq!(list["tenants"], json!(["acme", "globex"]));
     assert_eq!(list["policies"], json!(["reported"]));
@@ -199,7 +220,10 @@ async fn it_lists_every_request_of_a_reporting_policy_newest_first() {
     };
     assert_eq!(filtered("tenant=acme").await, ["acme"]);
     assert_eq!(filtered("status=unchanged").await, ["globex"]);
-    assert_eq!(filtered("status=compacted&tenant=globex").await, Vec::<String>::new());
+    assert_eq!(
+        filtered("status=compacted&tenant=globex").await,
+        Vec::<String>::new()
+    );
     assert_eq!(filtered("policy=reported&limit=1").await, ["globex"]);
     assert_eq!(filtered("policy=default").await, Vec::<String>::new());
 }
@@ -215,15 +239,29 @@ async fn the_view_agrees_with_the_report_and_with_what_the_upstream_got() {
     ))
     .await;
     assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
-    let id = answer.header("x-compaction-report-id").expect("asked for").to_owned();
+    let id = answer
+        .header("x-compaction-report-id")
+        .expect("asked for")
+        .to_owned();
     settled_list(&proxy, None, 1).await;
-    let report = send(get(&proxy.url(&format!("/v1/compaction-reports/{id}")), None))
-        .await
-        .json();
-    let one = send(get(&proxy.url(&format!("/inspector/api/requests/{id}")), None)).await;
+    let report = send(get(
+        &proxy.url(&format!("/v1/compaction-reports/{id}")),
+        None,
+    ))
+    .await
+    .json();
+    let one = send(get(
+        &proxy.url(&format!("/inspector/api/requests/{id}")),
+        None,
+    ))
+    .await;
     assert_eq!(one.status, 200);
     let one = one.json();
-    assert_eq!(one["request"]["id"], id.as_str(), "the inspector keeps it under the report's id");
+    assert_eq!(
+        one["request"]["id"],
+        id.as_str(),
+        "the inspector keeps it under the report's id"
+    );
     let rows = one["view"]["rows"].as_array().unwrap();
     let lines = report["messages"].as_array().unwrap();
     assert_eq!(rows.len(), lines.len());
@@ -239,11 +277,17 @@ async fn the_view_agrees_with_the_report_and_with_what_the_upstream_got() {
             _ => "kept",
         };
         assert_eq!(row["mark"], expected, "{row:#}");
-        assert_eq!(row["forwarded"].is_null(), expected == "dropped" || expected == "deduplicated");
+        assert_eq!(
+            row["forwarded"].is_null(),
+            expected == "dropped" || expected == "deduplicated"
+        );
         *marks.entry(expected).or_insert(0) += 1;
     }
     for mark in ["kept", "trimmed", "deduplicated", "dropped"] {
-        assert!(marks.get(mark).is_some(), "the fixture has a {mark} message: {marks:?}");
+        assert!(
+            marks.contains_key(mark),
+            "the fixture has a {mark} message: {marks:?}"
+        );
     }
     // The right side is what the upstream received, message for message.
     let received = upstream.last().json();
@@ -256,22 +300,39 @@ async fn the_view_agrees_with_the_report_and_with_what_the_upstream_got() {
     }
     // The left side is what the client sent.
     let original: Vec<&Value> = rows.iter().map(|r| &r["original"]["text"]).collect();
-    assert_eq!(original[1], "Port the billing module to the new ledger API.");
+    assert_eq!(
+        original[1],
+        "Port the billing module to the new ledger API."
+    );
     let trimmed = rows.iter().find(|r| r["mark"] == "trimmed").unwrap();
-    let (full, cut) = (trimmed["original"]["text"].as_str().unwrap(), trimmed["forwarded"]["text"].as_str().unwrap());
-    assert!(cut.len() < full.len() && full.starts_with(cut.trim_end()), "{cut}");
+    let (full, cut) = (
+        trimmed["original"]["text"].as_str().unwrap(),
+        trimmed["forwarded"]["text"].as_str().unwrap(),
+    );
+    assert!(
+        cut.len() < full.len() && full.starts_with(cut.trim_end()),
+        "{cut}"
+    );
 }
 
 #[tokio::test]
 async fn the_token_is_enforced_on_the_data_and_credentials_never_show() {
     let upstream = MockUpstream::start(Behavior::OpenAiChat).await;
     let proxy = TestProxy::from_runtime(runtime_with_token(CONFIG, &upstream.url())).await;
-    send(post(&proxy.url("/v1/chat/completions"), &history(&[("user", "go")]), &[])).await;
+    send(post(
+        &proxy.url("/v1/chat/completions"),
+        &history(&[("user", "go")]),
+        &[],
+    ))
+    .await;
     let list_url = proxy.url("/inspector/api/requests");
     for token in [None, Some("wrong"), Some(&TOKEN[..TOKEN.len() - 1])] {
         let answer = send(get(&list_url, token)).await;
         assert_eq!(answer.status, 401, "{token:?}");
-        assert_eq!(answer.header("www-authenticate"), Some("Bearer realm=\"inspector\""));
+        assert_eq!(
+            answer.header("www-authenticate"),
+            Some("Bearer realm=\"inspector\"")
+        );
         assert!(!String::from_utf8_lossy(&answer.body).contains("billing"));
     }
     let list = settled_list(&proxy, Some(TOKEN), 1).await;
@@ -281,7 +342,10 @@ async fn the_token_is_enforced_on_the_data_and_credentials_never_show() {
     let detail = send(get(&detail_url, Some(TOKEN))).await;
     assert_eq!(detail.status, 200);
     // No credential of the request is kept: not in the list, not in the view.
-    for body in [serde_json::to_string(&list).unwrap(), String::from_utf8_lossy(&detail.body).into_owned()] {
+    for body in [
+        serde_json::to_string(&list).unwrap(),
+        String::from_utf8_lossy(&detail.body).into_owned(),
+    ] {
         assert!(body.contains("billing") || body.contains("requests"));
         assert!(!body.contains(SECRET), "a credential leaked: {body}");
         assert!(!body.to_ascii_lowercase().contains("authorization"));
@@ -305,7 +369,14 @@ async fn the_token_is_enforced_on_the_data_and_credentials_never_show() {
     assert!(api.header("content-security-policy").is_some());
     assert_eq!(api.header("cache-control"), Some("no-store"));
     assert_eq!(
-        send(Request::post(&list_url).header("authorization", format!("Bearer {TOKEN}")).body(Full::new(Bytes::new())).unwrap()).await.status,
+        send(
+            Request::post(&list_url)
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        )
+        .await
+        .status,
         405
     );
 }
@@ -333,7 +404,11 @@ fn check_config_refuses_a_token_variable_that_is_unset_or_empty() {
         assert!(stderr.contains("INSPECTOR_TOKEN_FOR_CHECK"), "{stderr}");
     }
     let out = check(Some("a-token"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("a-token"));
 }
 
@@ -381,8 +456,14 @@ async fn inspector_page_in_chromium() {
     let main = send(post(
         &chat,
         &history(&[
-            ("assistant", "Two tests fail: test_refund_rounding and test_ledger_conflict."),
-            ("user", "Fix the rounding first, then the conflict handling."),
+            (
+                "assistant",
+                "Two tests fail: test_refund_rounding and test_ledger_conflict.",
+            ),
+            (
+                "user",
+                "Fix the rounding first, then the conflict handling.",
+            ),
         ]),
         &[report[0], ("x-tenant-id", "acme")],
     ))
@@ -391,7 +472,10 @@ async fn inspector_page_in_chromium() {
         &chat,
         &history(&[
             ("assistant", "<script>window.__pwned=1</script>"),
-            ("user", "<img src=x onerror=\"window.__pwned=1\"> and <b>bold</b>"),
+            (
+                "user",
+                "<img src=x onerror=\"window.__pwned=1\"> and <b>bold</b>",
+            ),
         ]),
         &[report[0]],
     ))
@@ -446,12 +530,19 @@ async fn inspector_page_in_chromium() {
     .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the browser test failed:\n{stdout}\n{stderr}");
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("the driver prints JSON last");
+    assert!(
+        output.status.success(),
+        "the browser test failed:\n{stdout}\n{stderr}"
+    );
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .expect("the driver prints JSON last");
     // What the page showed, checked here against the proxy's own report.
-    let report = send(get(&proxy.url(&format!("/v1/compaction-reports/{main_id}")), None))
-        .await
-        .json();
+    let report = send(get(
+        &proxy.url(&format!("/v1/compaction-reports/{main_id}")),
+        None,
+    ))
+    .await
+    .json();
     let lines = report["messages"].as_array().unwrap();
     let page_rows = seen["main_rows"].as_array().unwrap();
     assert_eq!(page_rows.len(), lines.len(), "one row per message");
@@ -463,6 +554,9 @@ async fn inspector_page_in_chromium() {
     let fated = |fate: &str| lines.iter().filter(|l| l["fate"] == fate).count();
     assert_eq!(marked("dropped") + marked("deduplicated"), fated("dropped"));
     assert_eq!(marked("trimmed"), fated("trimmed"));
-    assert!(fated("dropped") > 0 && fated("trimmed") > 0, "the fixture drops and trims");
+    assert!(
+        fated("dropped") > 0 && fated("trimmed") > 0,
+        "the fixture drops and trims"
+    );
     assert!(std::path::Path::new(&screenshot).exists());
 }
