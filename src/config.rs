@@ -24,8 +24,14 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment overrides; `__` separates the key path.
 pub const ENV_PREFIX: &str = "COMPACTION_PROXY_";
 /// The top-level tables of a configuration.
-const SECTIONS: [&str; 6] = [
-    "server", "upstream", "cache", "policies", "routes", "tenants",
+const SECTIONS: [&str; 7] = [
+    "server",
+    "upstream",
+    "cache",
+    "policies",
+    "routes",
+    "tenants",
+    "inspector",
 ];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -36,6 +42,8 @@ pub struct Config {
     pub policies: BTreeMap<String, PolicyConfig>,
     pub routes: Vec<RouteConfig>,
     pub tenants: TenantsConfig,
+    #[serde(default)]
+    pub inspector: InspectorConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -452,6 +460,34 @@ impl Default for TenantsConfig {
     }
 }
 
+/// `[inspector]`: the web page of recent requests (docs/inspector.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InspectorConfig {
+    /// Serve `/inspector` and record every request of a policy with
+    /// `allow_report` for it.
+    pub enabled: bool,
+    /// The environment variable holding the bearer token the inspector's
+    /// data requires; unset: no token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_env: Option<String>,
+    /// Requests kept at most; the oldest go first past it (restart to change).
+    pub max_requests: usize,
+    /// Bytes of kept requests (their texts, twice) at most (restart to change).
+    pub max_bytes: u64,
+}
+
+impl Default for InspectorConfig {
+    fn default() -> Self {
+        InspectorConfig {
+            enabled: false,
+            token_env: None,
+            max_requests: 200,
+            max_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
 /// One configuration problem at a key path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigProblem {
@@ -678,6 +714,9 @@ pub fn read_value(merged: &Value) -> (Config, Vec<ConfigProblem>) {
     }
     if let Some(v) = root.get("tenants") {
         config.tenants = section(v, "tenants", &mut problems);
+    }
+    if let Some(v) = root.get("inspector") {
+        config.inspector = section(v, "inspector", &mut problems);
     }
     match root.get("policies") {
         None => {}

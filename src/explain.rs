@@ -175,6 +175,27 @@ pub fn report_for<'a>(
     format: Format,
     max_messages: usize,
 ) -> Result<RequestReport<'a>, Skip> {
+    explain(input, name, policy, format, max_messages).map(|explained| explained.report)
+}
+
+/// A report with what it was made from: the parsed body and the plan the
+/// proxy forwards (the inspector shows both sides of it).
+pub struct Explained<'a, 'b> {
+    pub report: RequestReport<'a>,
+    pub parsed: crate::format::Parsed<'b>,
+    /// What is forwarded when the body is compacted (`None`: as it came).
+    pub plan: Option<crate::format::Plan>,
+    pub stable: Option<crate::compaction::stable::StableInfo>,
+}
+
+/// [`report_for`], keeping the parsed body and the plan.
+pub fn explain<'a, 'b>(
+    input: &'b [u8],
+    name: &'a str,
+    policy: &CompiledPolicy,
+    format: Format,
+    max_messages: usize,
+) -> Result<Explained<'a, 'b>, Skip> {
     let checkpoints = crate::compaction::stable::NoCheckpoints;
     let parsed = format.parse(input, max_messages)?;
     crate::proxy::compact::refuse_agent_compaction(&parsed, policy)?;
@@ -206,11 +227,17 @@ pub fn report_for<'a>(
         }
     }
     attach_decisions(&mut lines, decisions);
-    Ok(RequestReport {
+    let report = RequestReport {
         policy: name,
         status: crate::proxy::compact::status_of(policy, &outcome).header(),
         loss: outcome.loss,
         messages: lines,
+    };
+    Ok(Explained {
+        report,
+        parsed,
+        plan: compacted.plan,
+        stable: compacted.stable,
     })
 }
 

@@ -25,6 +25,7 @@ pub mod engine;
 pub mod error;
 pub mod explain;
 pub mod format;
+pub mod inspector;
 pub mod log_buffer;
 pub mod memory;
 pub mod memory_compact;

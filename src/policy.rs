@@ -228,6 +228,8 @@ pub struct Runtime {
     routes: Vec<Route>,
     tenant_header: HeaderName,
     tenants: HashMap<Arc<str>, Arc<CompiledPolicy>>,
+    /// `[inspector]`, its token read.
+    pub inspector: crate::inspector::Settings,
 }
 
 /// What applies to one request on a matched route.
@@ -276,7 +278,18 @@ impl Runtime {
     }
 
     /// Checks and compiles a configuration that was read without problems.
+    /// Variables the configuration names (`inspector.token_env`) are read
+    /// from the process environment.
     pub fn new(config: Config) -> Result<Runtime, ConfigErrors> {
+        Runtime::with_env(config, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Runtime::new`], reading the variables the configuration names
+    /// with `env` (tests pass their own).
+    pub fn with_env(
+        config: Config,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Runtime, ConfigErrors> {
         let mut problems = Vec::new();
         let mut problem =
             |path: String, message: String| problems.push(ConfigProblem { path, message });
@@ -440,17 +453,23 @@ impl Runtime {
             }
         }
 
-        match (listen, upstream, tenant_header) {
-            (Ok(listen), Ok(upstream), Ok(tenant_header)) if problems.is_empty() => Ok(Runtime {
-                config,
-                listen,
-                upstream,
-                upstream_roots,
-                timeouts,
-                routes,
-                tenant_header,
-                tenants,
-            }),
+        let inspector = crate::inspector::Settings::resolve(&config.inspector, env)
+            .map_err(|m| problem("inspector.token_env".into(), m));
+
+        match (listen, upstream, tenant_header, inspector) {
+            (Ok(listen), Ok(upstream), Ok(tenant_header), Ok(inspector)) if problems.is_empty() => {
+                Ok(Runtime {
+                    config,
+                    listen,
+                    upstream,
+                    upstream_roots,
+                    timeouts,
+                    routes,
+                    tenant_header,
+                    tenants,
+                    inspector,
+                })
+            }
             _ => Err(ConfigErrors(problems)),
         }
     }

@@ -1,5 +1,6 @@
 //! The proxy's own endpoints on the same listener: health, readiness,
-//! metrics, and the engine as an API (`POST /v1/memory-compact`).
+//! metrics, the engine as an API (`POST /v1/memory-compact`), live reports
+//! and the inspector ([`crate::inspector`]).
 
 use std::sync::Arc;
 
@@ -24,6 +25,8 @@ pub struct Handles<'a> {
     pub buffers: &'a Arc<BufferBudget>,
     /// Body limits of the configuration in force.
     pub limits: CollectLimits,
+    /// The inspector's settings in force and its recent requests.
+    pub inspector: crate::inspector::Handles<'a>,
 }
 
 pub const HEALTHZ: &str = "/healthz";
@@ -35,7 +38,9 @@ pub const REPORTS: &str = "/v1/compaction-reports/";
 
 /// Whether [`handle`] answers `path` (cheap: checked on every request).
 pub fn is_admin_path(path: &str) -> bool {
-    matches!(path, HEALTHZ | READYZ | METRICS | MEMORY_COMPACT) || path.starts_with(REPORTS)
+    matches!(path, HEALTHZ | READYZ | METRICS | MEMORY_COMPACT)
+        || path.starts_with(REPORTS)
+        || crate::inspector::is_inspector_path(path)
 }
 
 /// Answers admin paths; hands every other request back, to be proxied.
@@ -56,6 +61,10 @@ pub async fn handle(
             r
         }
         MEMORY_COMPACT => memory_compact(&state, request).await,
+        path if crate::inspector::is_inspector_path(path) => {
+            let (parts, bytes) = crate::inspector::handle(state.inspector, &request).into_parts();
+            Response::from_parts(parts, body::full(bytes))
+        }
         path if path.starts_with(REPORTS) => {
             let found = match request.method() {
                 &Method::GET => state

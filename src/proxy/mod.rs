@@ -146,9 +146,36 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
     record.skip_detail = decided.detail.clone();
-    let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
-        .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
+    // A report is made when the request asks for one, and for the
+    // inspector of every request (both only under `allow_report`).
+    let asked = resolution.policy.allow_report && headers::wants_report(&parts.headers);
+    let inspected = resolution.policy.allow_report && runtime.inspector.enabled;
+    let report_id = (asked || inspected).then(|| {
+        let id = state.reports.new_id();
+        if inspected {
+            let loss = outcome.as_ref().map(|o| o.loss);
+            state
+                .inspector
+                .insert(inspected_summary(&id, &resolution, status, loss));
+            record.inspected = Some(id.clone());
+        }
+        let keep = Keep {
+            report: asked,
+            inspector: inspected,
+        };
+        schedule_report(
+            &state,
+            &runtime,
+            &resolution,
+            raw.clone(),
+            coding,
+            &id,
+            keep,
+        );
+        id
+    });
+    let report_id = report_id.filter(|_| asked);
     let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
         Some(rewritten) if status == Status::Compacted => {
             // The rewritten body is plain JSON whatever the client sent.
@@ -188,36 +215,90 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     .await
 }
 
+/// Where a computed report goes.
+#[derive(Clone, Copy)]
+struct Keep {
+    /// To the live reports (`x-compaction-report: true`).
+    report: bool,
+    /// To the inspector, with its side-by-side view.
+    inspector: bool,
+}
+
+/// The inspector's line for a request, as decided.
+fn inspected_summary(
+    id: &str,
+    resolution: &Resolution,
+    status: Status,
+    loss: Option<LossSummary>,
+) -> crate::inspector::Summary {
+    let time_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    crate::inspector::Summary {
+        id: id.to_owned(),
+        time_ms,
+        route: resolution.route.clone(),
+        format: resolution.format.as_str(),
+        tenant: resolution.tenant.clone(),
+        policy: resolution.policy.name.clone(),
+        status: status.header(),
+        status_label: status.label(),
+        http_status: None,
+        loss,
+        usage: None,
+        estimated_saving: None,
+        pending: true,
+    }
+}
+
 /// Computes a request's per-message report off the request path (on the
 /// blocking pool, after the answer has gone on its way) and keeps it under
-/// a fresh id, which is returned at once.
+/// `id`: as a live report, or in the inspector with its side-by-side view.
 fn schedule_report(
     state: &Arc<AppState>,
     runtime: &Runtime,
     resolution: &Resolution,
     raw: bytes::Bytes,
     coding: body::Coding,
-) -> String {
-    let id = state.reports.new_id();
+    id: &str,
+    keep: Keep,
+) {
     let (state, policy, format) = (state.clone(), resolution.policy.clone(), resolution.format);
     let (limit, max_messages) = (
         runtime.config.server.max_body_bytes,
         runtime.config.server.max_messages,
     );
-    let key = id.clone();
+    let key = id.to_owned();
     tokio::task::spawn_blocking(move || {
-        let Ok(decoded) = body::decode(&raw, coding, limit) else {
-            return;
-        };
-        let report =
-            crate::explain::report_for(&decoded, &policy.name, &policy, format, max_messages);
-        if let Ok(json) = report.map(|r| serde_json::to_vec(&r)) {
-            state
-                .reports
-                .insert(key, json.expect("reports serialise").into());
+        let explained = body::decode(&raw, coding, limit)
+            .map_err(|_| "the body could not be decoded".to_owned())
+            .and_then(|decoded| {
+                let explained =
+                    crate::explain::explain(&decoded, &policy.name, &policy, format, max_messages)
+                        .map_err(|skip| format!("not compactable: {}", skip.reason()))?;
+                let report = keep
+                    .report
+                    .then(|| serde_json::to_vec(&explained.report).expect("reports serialise"));
+                let view = keep
+                    .inspector
+                    .then(|| crate::inspector::view::detail(&explained));
+                Ok((report, view))
+            });
+        match explained {
+            Ok((report, view)) => {
+                if let Some(json) = report {
+                    state.reports.insert(key.clone(), json.into());
+                }
+                if let Some(view) = view {
+                    state.inspector.set_detail(&key, view);
+                }
+            }
+            Err(why) if keep.inspector => state
+                .inspector
+                .set_detail(&key, crate::inspector::view::Detail::unavailable(why)),
+            Err(_) => {}
         }
     });
-    id
 }
 
 /// A request body passed on as it arrives, never collected.
@@ -270,6 +351,8 @@ struct Recorder {
     event: RequestEvent,
     started: Instant,
     done: bool,
+    /// The request's id in the inspector, when it keeps it.
+    inspected: Option<String>,
 }
 
 impl Recorder {
@@ -279,6 +362,7 @@ impl Recorder {
             event,
             started: Instant::now(),
             done: false,
+            inspected: None,
         }
     }
 
@@ -291,6 +375,10 @@ impl Recorder {
         self.event.ending = ending;
         self.event.total_seconds = self.started.elapsed().as_secs_f64();
         self.event.emit(&self.state.metrics);
+        // 0: the client left before an answer went out.
+        if let (Some(id), status @ 1..) = (&self.inspected, self.event.response_status) {
+            self.state.inspector.set_http_status(id, status);
+        }
     }
 }
 

@@ -22,6 +22,8 @@ pub struct AppState {
     pub reports: crate::explain::ReportStore,
     /// Stable mode's replay checkpoints.
     pub checkpoints: CheckpointStore,
+    /// The inspector's recent requests (kept while `[inspector]` is on).
+    pub inspector: crate::inspector::RecentRequests,
     pub(super) upstream: Upstream,
     /// One permit per core: compactions beyond that queue (see [`super::compact`]);
     /// `/v1/memory-compact` takes the same permits.
@@ -49,6 +51,10 @@ impl AppState {
         Arc::new(AppState {
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
+            inspector: crate::inspector::RecentRequests::new(
+                runtime.config.inspector.max_requests,
+                runtime.config.inspector.max_bytes,
+            ),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
             reports: crate::explain::ReportStore::default(),
@@ -87,13 +93,18 @@ impl AppState {
 
     /// What the admin endpoints use, and nothing else.
     pub fn admin_handles(&self) -> admin::Handles<'_> {
+        let runtime = self.runtime();
         admin::Handles {
             ready: self.is_ready(),
             metrics: &self.metrics,
             reports: &self.reports,
             compactions: &self.compactions,
             buffers: &self.buffers,
-            limits: body::limits(&self.runtime()),
+            limits: body::limits(&runtime),
+            inspector: crate::inspector::Handles {
+                settings: runtime.inspector.clone(),
+                requests: &self.inspector,
+            },
         }
     }
 

@@ -19,6 +19,7 @@ mod format_stable;
 mod header_consistency;
 mod hostile;
 mod leftover_properties;
+mod inspector;
 mod metrics_scrape;
 mod openai_properties;
 mod operator;

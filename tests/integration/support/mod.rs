@@ -645,7 +645,11 @@ impl TestProxy {
     /// Starts the proxy with `toml` layered over the embedded default and
     /// the upstream set to `upstream`.
     pub async fn start(toml: &str, upstream: &str) -> TestProxy {
-        let runtime = runtime(toml, upstream);
+        TestProxy::from_runtime(runtime(toml, upstream)).await
+    }
+
+    /// Starts the proxy on a runtime built by the test.
+    pub async fn from_runtime(runtime: Runtime) -> TestProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = AppState::new(runtime);
