@@ -27,8 +27,8 @@ pub enum ProxyError {
     ReportNotFound,
     #[error("{0}")]
     InvalidRequest(#[from] InvalidRequest),
-    #[error("upstream could not be reached: {0}")]
-    UpstreamUnreachable(String),
+    #[error("upstream could not be reached: {1}")]
+    UpstreamUnreachable(UpstreamCause, String),
     #[error("upstream sent no response headers within {0} seconds")]
     UpstreamTimeout(f64),
     #[error("the request body stopped moving for {0} seconds (an upstream no longer reading)")]
@@ -47,7 +47,52 @@ pub enum ProxyError {
     Internal(String),
 }
 
+/// Why an upstream failed a request: the `cause` label of
+/// `upstream_failures_total`, as Envoy counts `upstream_cx_connect_fail`,
+/// `upstream_rq_timeout` and resets apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamCause {
+    /// No connection: refused, unresolvable, unreachable.
+    Connect,
+    /// Connecting, the response headers or the response body took too long.
+    Timeout,
+    /// The connection was closed or reset after it was made.
+    Reset,
+    /// The TLS handshake failed (an untrusted certificate, a protocol error).
+    Tls,
+}
+
+impl UpstreamCause {
+    pub const ALL: [UpstreamCause; 4] = [
+        UpstreamCause::Connect,
+        UpstreamCause::Timeout,
+        UpstreamCause::Reset,
+        UpstreamCause::Tls,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            UpstreamCause::Connect => "connect",
+            UpstreamCause::Timeout => "timeout",
+            UpstreamCause::Reset => "reset",
+            UpstreamCause::Tls => "tls",
+        }
+    }
+}
+
 impl ProxyError {
+    /// The upstream failure this error reports, if it is one.
+    pub fn upstream_cause(&self) -> Option<UpstreamCause> {
+        match self {
+            ProxyError::UpstreamUnreachable(cause, _) => Some(*cause),
+            ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
+                Some(UpstreamCause::Timeout)
+            }
+            _ => None,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -64,7 +109,7 @@ impl ProxyError {
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProxyError::ReportNotFound => StatusCode::NOT_FOUND,
-            ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamUnreachable(..) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
                 StatusCode::GATEWAY_TIMEOUT
             }
@@ -90,7 +135,7 @@ impl ProxyError {
             ProxyError::UnsupportedMediaType => "unsupported_media_type",
             ProxyError::ReportNotFound => "report_not_found",
             ProxyError::InvalidRequest(_) => "validation_failed",
-            ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
+            ProxyError::UpstreamUnreachable(..) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::TransferStalled(_) => "transfer_stalled",
             ProxyError::BodyTimeout(_) => "body_timeout",
@@ -243,7 +288,7 @@ mod tests {
     fn every_error_has_an_openai_shaped_body() {
         let errors = [
             ProxyError::BodyTooLarge { limit: 10 },
-            ProxyError::UpstreamUnreachable("connection refused".into()),
+            ProxyError::UpstreamUnreachable(UpstreamCause::Connect, "connection refused".into()),
             ProxyError::UpstreamTimeout(1.5),
             ProxyError::MethodNotAllowed(http::Method::GET),
             ProxyError::BodyTimeout(30.0),
@@ -265,7 +310,7 @@ mod tests {
     fn client_mistakes_are_4xx_and_upstream_failures_5xx() {
         assert!(ProxyError::BodyTooLarge { limit: 1 }.is_client_error());
         assert_eq!(
-            ProxyError::UpstreamUnreachable(String::new()).status(),
+            ProxyError::UpstreamUnreachable(UpstreamCause::Reset, String::new()).status(),
             StatusCode::BAD_GATEWAY
         );
         assert_eq!(

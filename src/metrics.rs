@@ -16,6 +16,7 @@ use prometheus::{
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
+use crate::error::UpstreamCause;
 use crate::format::Format;
 use crate::outcome::{LossSummary, Status};
 
@@ -44,6 +45,7 @@ pub struct Metrics {
     upstream_duration: HistogramVec,
     upstream_first_byte: HistogramVec,
     upstream_responses: IntCounterVec,
+    upstream_failures: IntCounterVec,
     cache_hits: IntCounterVec,
     cache_misses: IntCounterVec,
     checkpoint_hits: IntCounterVec,
@@ -69,8 +71,9 @@ struct Series {
     route: String,
     policy: String,
     tenant: String,
-    /// By format (none, then [`Format::ALL`]), then status.
-    requests: [[OnceLock<IntCounter>; 5]; 4],
+    /// By format (none, then [`Format::ALL`]), then status, then the
+    /// class of the status code sent to the client ([`code_class`]).
+    requests: [[[OnceLock<IntCounter>; CODE_CLASSES.len()]; 5]; 4],
     input_chars: OnceLock<IntCounter>,
     output_chars: OnceLock<IntCounter>,
     dropped_messages: OnceLock<IntCounter>,
@@ -93,6 +96,21 @@ struct Series {
     stable_rebases: OnceLock<IntCounter>,
     /// `upstream_responses{route, code}` for codes 100 to 599, by code - 100.
     upstream_responses: Box<[OnceLock<IntCounter>]>,
+    /// `upstream_failures{route, cause}`, by [`UpstreamCause::ALL`].
+    upstream_failures: [OnceLock<IntCounter>; 4],
+}
+
+/// Values of the `code_class` label of `requests_total`: the class of the
+/// status code the client was sent, or `none` when it was sent none (it
+/// left first).
+pub const CODE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// The position in [`CODE_CLASSES`] of a status code (0: none sent).
+fn code_class(code: u16) -> usize {
+    match code {
+        100..=599 => usize::from(code / 100) - 1,
+        _ => CODE_CLASSES.len() - 1,
+    }
 }
 
 /// The agent passes, as labelled in `pass_chars_total`.
@@ -122,6 +140,7 @@ impl Series {
             checkpoints: OnceLock::new(),
             stable_rebases: OnceLock::new(),
             upstream_responses: (100..600).map(|_| OnceLock::new()).collect(),
+            upstream_failures: Default::default(),
         }
     }
 
@@ -133,7 +152,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 23] = [
+pub const FAMILIES: [&str; 24] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -150,6 +169,7 @@ pub const FAMILIES: [&str; 23] = [
     "compaction_proxy_upstream_duration_seconds",
     "compaction_proxy_upstream_first_byte_seconds",
     "compaction_proxy_upstream_responses_total",
+    "compaction_proxy_upstream_failures_total",
     "compaction_proxy_cache_hits_total",
     "compaction_proxy_cache_misses_total",
     "compaction_proxy_checkpoint_hits_total",
@@ -224,8 +244,8 @@ impl Metrics {
         Metrics {
             requests: counter(
                 "requests_total",
-                "Requests to matched routes by body format and what compaction did.",
-                &["route", "policy", "tenant", "status", "format"],
+                "Requests to matched routes by body format, what compaction did, and the class of the status code sent to the client.",
+                &["route", "policy", "tenant", "status", "format", "code_class"],
             ),
             input_chars: counter("input_chars_total", "Message chars received.", LOSS_LABELS),
             output_chars: counter(
@@ -303,6 +323,11 @@ impl Metrics {
                 "upstream_responses_total",
                 "Upstream responses by HTTP status code.",
                 &["route", "code"],
+            ),
+            upstream_failures: counter(
+                "upstream_failures_total",
+                "Requests the upstream failed, by cause: connect (no connection), timeout (connect, response headers or a silent body), reset (closed after connecting), tls.",
+                &["route", "cause"],
             ),
             cache_hits: counter(
                 "cache_hits_total",
@@ -417,6 +442,8 @@ pub struct RequestEvent {
     pub checkpoint_hit: Option<bool>,
     /// Whether the compaction cache answered (`None`: not looked up).
     pub cache_hit: Option<bool>,
+    /// How the upstream failed the request, if it did.
+    pub upstream_failure: Option<UpstreamCause>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -475,6 +502,7 @@ impl RequestEvent {
             rebased: false,
             checkpoint_hit: None,
             cache_hit: None,
+            upstream_failure: None,
         }
     }
 
@@ -484,7 +512,8 @@ impl RequestEvent {
         let series = metrics.series(&self.route, policy, &self.tenant);
         if let Some(status) = self.status {
             let format = self.format.map_or(0, |f| 1 + f as usize);
-            series.requests[format][status.index()]
+            let class = code_class(self.response_status);
+            series.requests[format][status.index()][class]
                 .get_or_init(|| {
                     metrics.requests.with_label_values(&[
                         &*self.route,
@@ -492,6 +521,7 @@ impl RequestEvent {
                         &*self.tenant,
                         status.label(),
                         self.format.map_or("none", Format::as_str),
+                        CODE_CLASSES[class],
                     ])
                 })
                 .inc();
@@ -618,6 +648,19 @@ impl RequestEvent {
                 Some(cell) => cell.get_or_init(count).inc(),
                 None => count().inc(),
             }
+        }
+        if let Some(cause) = self.upstream_failure {
+            let i = UpstreamCause::ALL
+                .iter()
+                .position(|c| *c == cause)
+                .expect("every cause is in ALL");
+            series.upstream_failures[i]
+                .get_or_init(|| {
+                    metrics
+                        .upstream_failures
+                        .with_label_values(&[&*self.route, cause.label()])
+                })
+                .inc();
         }
         if let Some(seconds) = self.upstream_first_byte_seconds {
             series
@@ -771,6 +814,10 @@ mod tests {
             stable.cache_hit = Some(false);
             serially(|| stable.emit(&m));
         }
+        let mut failed = event(Status::Unchanged, None);
+        failed.upstream_failure = Some(UpstreamCause::Connect);
+        failed.response_status = 502;
+        serially(|| failed.emit(&m));
         m.config_reload(RELOAD_APPLIED);
         let mut names: Vec<String> = m
             .registry
@@ -786,7 +833,13 @@ mod tests {
         let text = m.render();
         // One plain compacted request and two stable ones.
         assert!(text.contains(
-            "compaction_proxy_requests_total{format=\"chat\",policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 3"
+            "compaction_proxy_requests_total{code_class=\"2xx\",format=\"chat\",policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 3"
+        ), "{text}");
+        assert!(text.contains(
+            "compaction_proxy_requests_total{code_class=\"5xx\",format=\"chat\",policy=\"p\",route=\"/v1/chat/completions\",status=\"unchanged\",tenant=\"other\"} 1"
+        ), "{text}");
+        assert!(text.contains(
+            "compaction_proxy_upstream_failures_total{cause=\"connect\",route=\"/v1/chat/completions\"} 1"
         ), "{text}");
         assert!(text.contains("compaction_proxy_budget_missed_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 3"));
         assert!(text.contains("compaction_proxy_stable_rebases_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 2"));

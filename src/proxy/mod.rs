@@ -343,6 +343,7 @@ async fn forward(
             // The loss report still says what was done to the request.
             let format = verdict.as_ref().map(|v| v.resolution.format);
             let (mut response, ending) = error_response(&e, format.unwrap_or_default());
+            record.upstream_failure = e.upstream_cause();
             if let Some(v) = &verdict {
                 v.write_to(response.headers_mut());
             }
@@ -373,11 +374,15 @@ async fn forward(
 
     let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {
         record.upstream_seconds = Some(sent.elapsed().as_secs_f64());
-        record.finish(match end {
+        let ending = match end {
             BodyEnd::Complete => Ending::Complete,
-            BodyEnd::Failed(e) => Ending::UpstreamFailed(e),
+            BodyEnd::Failed(e, cause) => {
+                record.upstream_failure = Some(cause);
+                Ending::UpstreamFailed(e)
+            }
             BodyEnd::Abandoned => Ending::ClientGone,
-        });
+        };
+        record.finish(ending);
     });
     Response::from_parts(parts, watched.boxed_unsync())
 }

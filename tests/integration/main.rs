@@ -18,6 +18,7 @@ mod hostile;
 mod metrics_scrape;
 mod openai_properties;
 mod operator;
+mod outages;
 mod proxy_agent;
 mod proxy_basics;
 mod proxy_failures;

@@ -537,6 +537,8 @@ async fn counters_move_by_exactly_what_the_loss_headers_reported() {
             with_status.push(("status", status));
             // The route is chat completions' own.
             with_status.push(("format", "chat"));
+            // The mock answers 200, passed on to the client.
+            with_status.push(("code_class", "2xx"));
             let got = exp.value("compaction_proxy_requests_total", &with_status);
             assert_eq!(got, want, "requests_total{with_status:?}\n{text}");
         }
@@ -653,6 +655,7 @@ async fn labels_are_bounded_unknown_tenants_are_other_and_queries_never_appear()
         ("tenant", "other"),
         ("status", "compacted"),
         ("format", "chat"),
+        ("code_class", "2xx"),
     ];
     assert_eq!(
         exp.value("compaction_proxy_requests_total", &labels),
@@ -717,6 +720,10 @@ async fn exercise_every_family() -> (TestProxy, MockUpstream) {
     send(request(&url, None, "not json")).await;
     upstream.set_behavior(Behavior::Json(429, json!({"error": "slow down"})));
     send(request(&url, None, big_chat())).await;
+    // An upstream that fails before answering (upstream_failures_total).
+    upstream.set_behavior(Behavior::FailStream);
+    send(request(&url, None, big_chat())).await;
+    upstream.set_behavior(Behavior::Json(429, json!({"error": "slow down"})));
     send(
         Request::get(proxy.url("/v1/models"))
             .body(Full::new(Bytes::new()))
