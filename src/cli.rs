@@ -103,6 +103,18 @@ fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
                 rt.config.routes.len(),
                 rt.upstream
             );
+            println!("routes, first match wins (other paths pass through uncompacted):");
+            for route in &rt.config.routes {
+                let format = route
+                    .format
+                    .unwrap_or_else(|| crate::format::Format::for_path(&route.path));
+                println!(
+                    "  {} -> {} ({})",
+                    route.path,
+                    route.policy,
+                    format.as_str()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {

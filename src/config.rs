@@ -526,7 +526,7 @@ pub fn read_layers(
     if let Some(url) = &overrides.upstream {
         figment = figment.merge(("upstream.url", url));
     }
-    let merged: Value = match figment.extract() {
+    let mut merged: Value = match figment.extract() {
         Ok(merged) => merged,
         Err(e) => {
             problems.extend(e.into_iter().map(|e| ConfigProblem {
@@ -536,9 +536,36 @@ pub fn read_layers(
             return Err(ConfigErrors(problems));
         }
     };
+    merge_builtin_routes(&mut merged);
     let (config, more) = read_value(&merged);
     problems.extend(more);
     Ok((config, problems))
+}
+
+/// A file's `[[routes]]` come first, then every built-in route (those of
+/// the embedded default) whose path none of them has: a file that adds a
+/// route for one API keeps the others compacted, and a route with a
+/// built-in's path replaces it. (Figment replaces arrays whole, which
+/// silently dropped the built-in routes.)
+fn merge_builtin_routes(merged: &mut Value) {
+    static BUILTIN: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    let builtin = BUILTIN.get_or_init(|| {
+        Figment::from(Toml::string(DEFAULT_TOML))
+            .extract::<Value>()
+            .ok()
+            .and_then(|v| v.get("routes")?.as_array().cloned())
+            .unwrap_or_default()
+    });
+    let Some(routes) = merged.get_mut("routes").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let path = |route: &Value| route.get("path").cloned();
+    let missing: Vec<Value> = builtin
+        .iter()
+        .filter(|b| !routes.iter().any(|r| path(r) == path(b)))
+        .cloned()
+        .collect();
+    routes.extend(missing);
 }
 
 /// [`load`] with the file's text already read (a reload checks the text

@@ -16,6 +16,7 @@ mod format_rules;
 mod format_stable;
 mod hostile;
 mod metrics_scrape;
+mod newcomer;
 mod openai_properties;
 mod operator;
 mod outages;
