@@ -86,6 +86,9 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     );
 
     let Some(resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
+        if request.method() == Method::POST {
+            note_unmatched_api_path(&state, request.uri().path());
+        }
         let (parts, body) = request.into_parts();
         return forward(&state, &runtime, parts, streamed(body), None, record).await;
     };
@@ -177,6 +180,27 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         record,
     )
     .await
+}
+
+/// Says once, at INFO, that a POST to a path that looks like one of the
+/// APIs (it ends as chat completions, Messages or Responses do) matched no
+/// route, so it went upstream uncompacted: the usual cause of a missing
+/// `x-compaction-status` is a base URL whose paths no route names.
+fn note_unmatched_api_path(state: &AppState, path: &str) {
+    let format = match path.trim_end_matches('/') {
+        p if p.ends_with("/chat/completions") => Format::Chat,
+        p if p.ends_with("/messages") => Format::Anthropic,
+        p if p.ends_with("/responses") => Format::Responses,
+        _ => return,
+    };
+    let noted = &state.unmatched_noted[format as usize];
+    if !noted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::info!(
+            path = %path,
+            format = format.as_str(),
+            "a POST matched no route: forwarded uncompacted, without x-compaction headers; add a [[routes]] entry for its path to compact it (said once per API)"
+        );
+    }
 }
 
 /// Computes a request's per-message report off the request path (on the

@@ -96,3 +96,89 @@ async fn a_file_route_with_a_built_in_path_replaces_that_route() {
         "{paths:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// base URLs: the shipped routes match the forms clients are given
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_shipped_routes_match_the_common_base_url_forms() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start("", &upstream.url()).await;
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let responses = json!({"model": "m", "input": "hi"});
+    for (path, body, format) in [
+        ("/v1/chat/completions", &chat, "chat"),
+        ("/chat/completions", &chat, "chat"),
+        ("/openai/v1/chat/completions", &chat, "chat"),
+        ("/openai/deployments/gpt-4o/chat/completions", &chat, "chat"),
+        ("/v1/responses", &responses, "responses"),
+        ("/responses", &responses, "responses"),
+        ("/openai/v1/responses", &responses, "responses"),
+        ("/openai/responses", &responses, "responses"),
+    ] {
+        let answer = send(post_json(&proxy.url(path), body.to_string())).await;
+        assert_eq!(
+            answer.header("x-compaction-status"),
+            Some("unchanged"),
+            "{path}"
+        );
+        let rt = proxy.state.runtime();
+        let resolved = rt.resolve(path, &http::HeaderMap::new()).unwrap();
+        assert_eq!(resolved.format.as_str(), format, "{path}");
+    }
+}
+
+/// Starts the binary serving on a free port with `args`; returns it, its
+/// address and the file its stderr goes to.
+pub(crate) async fn serve(args: &[&str]) -> (std::process::Child, String, std::path::PathBuf) {
+    let addr = unused_addr().await.to_string();
+    let log = temp_file("serve.log", b"");
+    let child = std::process::Command::new(crate::operator::BIN)
+        .arg("serve")
+        .args(["--listen", &addr])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let up = wait_until(std::time::Duration::from_secs(10), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("listening"))
+    })
+    .await;
+    assert!(up, "{}", std::fs::read_to_string(&log).unwrap());
+    (child, addr, log)
+}
+
+#[tokio::test]
+async fn an_unmatched_post_to_an_api_path_is_noted_once_at_info() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let (mut child, addr, log) = serve(&["--upstream", &upstream.url()]).await;
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    for path in ["/llm/chat/completions", "/other/chat/completions", "/v1/embeddings"] {
+        let answer = send(post_json(&format!("http://{addr}{path}"), chat.clone())).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("x-compaction-status"), None);
+    }
+    let noted = |log: &str| log.matches("matched no route").count();
+    wait_until(std::time::Duration::from_secs(3), || {
+        noted(&std::fs::read_to_string(&log).unwrap()) > 0
+    })
+    .await;
+    // Another API's path is noted on its own.
+    let _ = send(post_json(&format!("http://{addr}/llm/messages"), chat.clone())).await;
+    let both = wait_until(std::time::Duration::from_secs(3), || {
+        noted(&std::fs::read_to_string(&log).unwrap()) == 2
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(both, "{text}");
+    let line = text.lines().find(|l| l.contains("matched no route")).unwrap();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(line.contains("/llm/chat/completions"), "{line}");
+    assert!(line.contains("uncompacted"), "{line}");
+}
