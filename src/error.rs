@@ -19,8 +19,8 @@ pub enum ProxyError {
         encoding: &'static str,
         reason: String,
     },
-    #[error("method {0} is not allowed here")]
-    MethodNotAllowed(http::Method),
+    #[error("method {0} is not allowed here; {1} is")]
+    MethodNotAllowed(http::Method, &'static str),
     #[error("content type must be application/json")]
     UnsupportedMediaType,
     #[error("no compaction report with this id (reports are kept for a few minutes)")]
@@ -100,7 +100,7 @@ impl ProxyError {
             | ProxyError::BadEncoding { .. }
             | ProxyError::InvalidRequest(_)
             | ProxyError::BadRequestTarget => StatusCode::BAD_REQUEST,
-            ProxyError::MethodNotAllowed(_) | ProxyError::ConnectNotSupported => {
+            ProxyError::MethodNotAllowed(..) | ProxyError::ConnectNotSupported => {
                 StatusCode::METHOD_NOT_ALLOWED
             }
             ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -131,7 +131,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "body_unreadable",
             ProxyError::BadEncoding { .. } => "bad_content_encoding",
-            ProxyError::MethodNotAllowed(_) => "method_not_allowed",
+            ProxyError::MethodNotAllowed(..) => "method_not_allowed",
             ProxyError::UnsupportedMediaType => "unsupported_media_type",
             ProxyError::ReportNotFound => "report_not_found",
             ProxyError::InvalidRequest(_) => "validation_failed",
@@ -181,8 +181,8 @@ impl ProxyError {
         );
         let headers = response.headers_mut();
         match self {
-            ProxyError::MethodNotAllowed(_) => {
-                headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            ProxyError::MethodNotAllowed(_, allow) => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
             }
             ProxyError::ConnectNotSupported => {
                 headers.insert(
@@ -290,7 +290,7 @@ mod tests {
             ProxyError::BodyTooLarge { limit: 10 },
             ProxyError::UpstreamUnreachable(UpstreamCause::Connect, "connection refused".into()),
             ProxyError::UpstreamTimeout(1.5),
-            ProxyError::MethodNotAllowed(http::Method::GET),
+            ProxyError::MethodNotAllowed(http::Method::GET, "POST"),
             ProxyError::BodyTimeout(30.0),
             ProxyError::Overloaded,
             ProxyError::ConnectNotSupported,

@@ -182,3 +182,26 @@ async fn an_unmatched_post_to_an_api_path_is_noted_once_at_info() {
     assert!(line.contains("/llm/chat/completions"), "{line}");
     assert!(line.contains("uncompacted"), "{line}");
 }
+
+// ---------------------------------------------------------------------------
+// 405s name the method the path takes
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_405_names_the_method_its_path_allows() {
+    let proxy = TestProxy::start("", "http://127.0.0.1:9").await;
+    let request = |method: &str, path: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(proxy.url(path))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let answer = send(request("POST", "/v1/compaction-reports/abc")).await;
+    assert_eq!(answer.status, 405);
+    assert_eq!(answer.header("allow"), Some("GET"));
+    let answer = send(request("GET", "/v1/memory-compact")).await;
+    assert_eq!(answer.status, 405);
+    assert_eq!(answer.header("allow"), Some("POST"));
+}
