@@ -147,15 +147,17 @@ impl ProxyError {
         }
     }
 
-    /// The reason in `x-compaction-status: skipped; <reason>` when this
-    /// error refuses a request before anything is forwarded.
-    pub fn skip_reason(&self) -> &'static str {
+    /// The reason in `x-compaction-status: refused; <reason>` when this
+    /// error refuses a request on a matched route before anything is
+    /// forwarded.
+    pub fn refusal_reason(&self) -> &'static str {
         match self {
             ProxyError::BodyTooLarge { .. } => "body-too-large",
             ProxyError::ClientBody(_) => "body-unreadable",
+            ProxyError::BadEncoding { .. } => "bad-content-encoding",
             ProxyError::BodyTimeout(_) => "body-timeout",
             ProxyError::Overloaded => "overloaded",
-            _ => "refused",
+            _ => "other",
         }
     }
 

@@ -40,6 +40,7 @@ pub struct Metrics {
     input_tokens: IntCounterVec,
     output_tokens: IntCounterVec,
     skipped: IntCounterVec,
+    refused: IntCounterVec,
     retained_ratio: HistogramVec,
     compaction_duration: HistogramVec,
     upstream_duration: HistogramVec,
@@ -73,7 +74,7 @@ struct Series {
     tenant: String,
     /// By format (none, then [`Format::ALL`]), then status, then the
     /// class of the status code sent to the client ([`code_class`]).
-    requests: [[[OnceLock<IntCounter>; CODE_CLASSES.len()]; 5]; 4],
+    requests: [[[OnceLock<IntCounter>; CODE_CLASSES.len()]; 6]; 4],
     input_chars: OnceLock<IntCounter>,
     output_chars: OnceLock<IntCounter>,
     dropped_messages: OnceLock<IntCounter>,
@@ -152,7 +153,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 24] = [
+pub const FAMILIES: [&str; 25] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -164,6 +165,7 @@ pub const FAMILIES: [&str; 24] = [
     "compaction_proxy_input_tokens_total",
     "compaction_proxy_output_tokens_total",
     "compaction_proxy_skipped_total",
+    "compaction_proxy_refused_total",
     "compaction_proxy_retained_ratio",
     "compaction_proxy_compaction_duration_seconds",
     "compaction_proxy_upstream_duration_seconds",
@@ -291,6 +293,11 @@ impl Metrics {
             skipped: counter(
                 "skipped_total",
                 "Requests forwarded uncompacted (status skipped), by reason (a fixed set).",
+                &["route", "policy", "reason"],
+            ),
+            refused: counter(
+                "refused_total",
+                "Requests on matched routes the proxy refused and never forwarded (status refused: a body too large or too slow, full buffers), by reason.",
                 &["route", "policy", "reason"],
             ),
             retained_ratio: histogram(
@@ -525,12 +532,17 @@ impl RequestEvent {
                     ])
                 })
                 .inc();
-            if let Status::Skipped(reason) = status {
-                // `reason` is one of the proxy's own &'static str: bounded.
-                metrics
+            // A reason is one of the proxy's own &'static str: bounded.
+            match status {
+                Status::Skipped(reason) => metrics
                     .skipped
                     .with_label_values(&[&self.route, policy, reason])
-                    .inc();
+                    .inc(),
+                Status::Refused(reason) => metrics
+                    .refused
+                    .with_label_values(&[&self.route, policy, reason])
+                    .inc(),
+                _ => {}
             }
         }
         if let Some(loss) = &self.loss {
@@ -807,6 +819,7 @@ mod tests {
         cached.cache_hit = Some(true);
         serially(|| cached.emit(&m));
         serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
+        serially(|| event(Status::Refused("body-too-large"), None).emit(&m));
         for hit in [true, false] {
             let mut stable = event(Status::Compacted, Some(loss(0.4)));
             stable.rebased = true;
@@ -921,6 +934,7 @@ mod tests {
             sample(
                 &text,
                 "compaction_proxy_skipped_total",
+    "compaction_proxy_refused_total",
                 &[&format!("reason=\"{reason}\"")],
             )
         };

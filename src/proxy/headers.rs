@@ -130,7 +130,7 @@ pub fn write_loss_report(
 ) {
     headers.reserve(if loss.is_some() { 16 } else { 2 });
     let status = match status {
-        Status::Skipped(_) => HeaderValue::try_from(status.header()),
+        Status::Skipped(_) | Status::Refused(_) => HeaderValue::try_from(status.header()),
         other => Ok(HeaderValue::from_static(other.label())),
     };
     if let Ok(status) = status {

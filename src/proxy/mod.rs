@@ -459,7 +459,7 @@ fn refuse(
     let format = resolution.map(|r| r.format).unwrap_or_default();
     let (mut response, ending) = error_response(&error, format);
     if let Some(resolution) = resolution {
-        let status = Status::Skipped(error.skip_reason());
+        let status = Status::Refused(error.refusal_reason());
         record.status = Some(status);
         headers::write_loss_report(
             response.headers_mut(),

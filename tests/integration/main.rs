@@ -7,6 +7,7 @@ mod agent_fixture;
 mod agent_properties;
 mod binary;
 mod chart_files;
+mod docs_check;
 mod engine_properties;
 mod engine_vectors;
 mod fact_chats;

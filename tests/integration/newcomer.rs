@@ -205,3 +205,41 @@ async fn a_405_names_the_method_its_path_allows() {
     assert_eq!(answer.status, 405);
     assert_eq!(answer.header("allow"), Some("POST"));
 }
+
+// ---------------------------------------------------------------------------
+// refusals are not skips
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_refused_request_is_marked_and_counted_as_refused_not_skipped() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(
+        "[server]\nmax_body_bytes = 100\nmax_buffered_bytes = 1000",
+        &upstream.url(),
+    )
+    .await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(500)}]});
+    let answer = send(post_json(&proxy.url("/v1/chat/completions"), body.to_string())).await;
+    assert_eq!(answer.status, 413);
+    assert_eq!(
+        answer.header("x-compaction-status"),
+        Some("refused; body-too-large")
+    );
+    let metric = |name: &str, labels: &[&str]| crate::outages::metric(&proxy, name, labels);
+    assert_eq!(
+        metric(
+            "compaction_proxy_refused_total",
+            &["reason=\"body-too-large\""]
+        ),
+        1.0
+    );
+    assert_eq!(metric("compaction_proxy_skipped_total", &[]), 0.0);
+    assert_eq!(
+        metric(
+            "compaction_proxy_requests_total",
+            &["status=\"refused\"", "code_class=\"4xx\""]
+        ),
+        1.0
+    );
+    assert!(upstream.received().is_empty());
+}
