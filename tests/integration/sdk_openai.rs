@@ -101,3 +101,48 @@ async fn node_sdk_works_unchanged_streaming_included() {
         drive("node", format!("{DIR}/node/openai_node.mjs")).await;
     }
 }
+
+/// The README's Python snippet, as written, against a proxy in front of an
+/// OpenAI-like mock, with no `OPENAI_API_KEY` in the environment (what a
+/// newcomer's shell has): it prints the status and the ratio the README
+/// shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_python_snippet_runs_as_written() {
+    if !sdk_available(
+        "the openai Python package",
+        "python3",
+        &["-c", "import openai"],
+    ) {
+        return;
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let start = readme.find("```python\n").expect("a Python snippet") + "```python\n".len();
+    let snippet = &readme[start..start + readme[start..].find("```").unwrap()];
+    assert!(snippet.contains("http://127.0.0.1:8080/v1"), "{snippet}");
+    let upstream = MockUpstream::start(Behavior::OpenAiChat).await;
+    let proxy = TestProxy::start("", &upstream.url()).await;
+    let script = snippet.replace("http://127.0.0.1:8080", &proxy.url(""));
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", &script])
+            .current_dir(root)
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .output()
+            .expect("python3 runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the README snippet failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with("compacted 0."), "{stdout}");
+    assert!(readme.contains(&format!(
+        "x-compaction-retained-ratio: {}",
+        stdout.trim().rsplit(' ').next().unwrap()
+    )));
+}
