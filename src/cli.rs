@@ -45,10 +45,15 @@ pub enum Command {
         /// memory-compact request).
         #[arg(long)]
         format: Option<crate::format::Format>,
-        /// For an API body: print the per-message report (kept, trimmed or
-        /// dropped, with stage and reason) as JSON instead of the body.
+        /// For an API body: print the per-message report instead of the
+        /// body, one line per message (kept, trimmed or dropped, stage,
+        /// chars, reason).
         #[arg(long)]
         report: bool,
+        /// With --report: the report as one JSON document (loss figures,
+        /// every message's fate and tool-call decisions).
+        #[arg(long, requires = "report")]
+        json: bool,
     },
     /// Validate the configuration and print every problem.
     CheckConfig,
@@ -85,7 +90,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             policy,
             format,
             report,
-        }) => compact(&cli.global, policy, format, report),
+            json,
+        }) => compact(&cli.global, policy, format, report.then_some(json)),
         Some(Command::CheckConfig) => check_config(&cli.global),
     }
 }
@@ -128,7 +134,8 @@ fn compact(
     args: &GlobalArgs,
     policy: Option<String>,
     format: Option<crate::format::Format>,
-    report: bool,
+    // `Some(json)`: print the report (as JSON when true) instead of the body.
+    report: Option<bool>,
 ) -> anyhow::Result<ExitCode> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
@@ -182,8 +189,8 @@ fn compact(
     // everything under a dry-run policy, is forwarded as it came.
     let max_messages = runtime.config.server.max_messages;
     let format = format.unwrap_or_default();
-    if report {
-        return print_report(&input, &name, &policy, format, max_messages, &mut stdout);
+    if let Some(json) = report {
+        return print_report(&input, &name, &policy, format, max_messages, json, &mut stdout);
     }
     let outcome = match proxy::compact::outcome_of(
         &input,
@@ -222,20 +229,26 @@ fn compact(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `compact --report`: one line per input message (kept, trimmed or
-/// dropped, by which stage and why) with the loss figures, as JSON.
+/// `compact --report`: a line of loss figures, then one line per input
+/// message (kept, trimmed or dropped, by which stage, chars, why); with
+/// `--json` the whole report as one JSON document.
 fn print_report(
     input: &[u8],
     name: &str,
     policy: &crate::policy::CompiledPolicy,
     format: crate::format::Format,
     max_messages: usize,
+    json: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
     match crate::explain::report_for(input, name, policy, format, max_messages) {
-        Ok(document) => {
+        Ok(document) if json => {
             serde_json::to_writer_pretty(&mut *out, &document)?;
             writeln!(out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(document) => {
+            write_report_lines(&document, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(skip) => {
@@ -243,6 +256,58 @@ fn print_report(
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// The report for a terminal: a summary line, a header, then a line per
+/// message.
+fn write_report_lines(
+    report: &crate::explain::RequestReport<'_>,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    let loss = &report.loss;
+    writeln!(
+        out,
+        "policy {}: {}; {} -> {} messages ({} dropped, {} deduped, {} trimmed), {} -> {} chars, retained {:.4}, budget {}",
+        report.policy,
+        report.status,
+        loss.input_messages,
+        loss.output_messages,
+        loss.dropped_messages,
+        loss.deduped_messages,
+        loss.trimmed_messages,
+        loss.input_chars,
+        loss.output_chars,
+        loss.retained_ratio,
+        if loss.budget_met { "met" } else { "missed" },
+    )?;
+    writeln!(
+        out,
+        "{:>5}  {:<9}  {:<7}  {:<6}  {:>15}  reason",
+        "#", "role", "fate", "stage", "chars"
+    )?;
+    let word = |value: serde_json::Value| value.as_str().unwrap_or("?").to_owned();
+    for m in &report.messages {
+        let mut reason = m.reason.replace(['\n', '\r'], " ");
+        if let Some(decision) = m.decision {
+            let decision = word(serde_json::to_value(decision).unwrap_or_default());
+            reason.push_str(&format!(" [tool result: {decision}]"));
+        }
+        for call in &m.tool_calls {
+            let decision = word(serde_json::to_value(call.decision).unwrap_or_default());
+            reason.push_str(&format!(" [call {} {}: {decision}]", call.name, call.id));
+        }
+        writeln!(
+            out,
+            "{:>5}  {:<9}  {:<7}  {:<6}  {:>15}  {}",
+            m.index,
+            word(serde_json::to_value(m.role).unwrap_or_default()),
+            word(serde_json::to_value(m.fate).unwrap_or_default()),
+            m.stage.unwrap_or("-"),
+            format!("{}/{}", m.chars, m.original_chars),
+            reason
+        )?;
+    }
+    Ok(())
 }
 
 fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {

@@ -243,3 +243,33 @@ async fn a_refused_request_is_marked_and_counted_as_refused_not_skipped() {
     );
     assert!(upstream.received().is_empty());
 }
+
+// ---------------------------------------------------------------------------
+// compact --report: a line per message
+// ---------------------------------------------------------------------------
+
+#[test]
+fn the_report_is_a_line_per_message_and_json_on_request() {
+    let chat = std::fs::read(repo("examples/chat-body.json")).unwrap();
+    let messages = serde_json::from_slice::<serde_json::Value>(&chat).unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .len();
+    let out = run(&["compact", "--policy", "default", "--report"], &chat);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    // A summary, a header, then one line per input message.
+    assert_eq!(lines.len(), messages + 2, "{}", &stdout[..stdout.len().min(2000)]);
+    assert!(lines[0].starts_with("policy default: compacted; "), "{}", lines[0]);
+    for (i, line) in lines[2..].iter().enumerate() {
+        let mut words = line.split_whitespace();
+        assert_eq!(words.next(), Some(i.to_string().as_str()), "{line}");
+        let fate = words.nth(1).unwrap();
+        assert!(["kept", "trimmed", "dropped"].contains(&fate), "{line}");
+        assert!(line.len() < 400, "readable in a terminal: {line}");
+    }
+    let json = run(&["compact", "--policy", "default", "--report", "--json"], &chat);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["messages"].as_array().unwrap().len(), messages);
+}

@@ -179,7 +179,7 @@ fn the_report_says_what_became_of_every_message() {
     let config = "examples/two-tenant.toml";
     let out = run(
         &[
-            "compact", "--config", config, "--policy", "small", "--report",
+            "compact", "--config", config, "--policy", "small", "--report", "--json",
         ],
         &chat,
     );
