@@ -98,10 +98,35 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn load(file: Option<&PathBuf>, overrides: &Overrides) -> Result<Runtime, ConfigErrors> {
     Runtime::load(file.map(PathBuf::as_path), std::env::vars(), overrides)
+        .map_err(|e| name_flags(e, overrides))
+}
+
+/// A problem with a value that came from a flag names the flag, not only
+/// the key it sets.
+fn name_flags(mut errors: ConfigErrors, overrides: &Overrides) -> ConfigErrors {
+    for problem in &mut errors.0 {
+        let flag = match problem.path.as_str() {
+            "server.listen" if overrides.listen.is_some() => "--listen",
+            "upstream.url" if overrides.upstream.is_some() => "--upstream",
+            _ => continue,
+        };
+        problem.path = format!("{flag} (sets {})", problem.path);
+    }
+    errors
 }
 
 fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
-    match load(args.config.as_ref(), &args.overrides()) {
+    // What a running proxy would do with the file: a reload refuses a
+    // blank one, so check-config does too.
+    let checked = match &args.config {
+        Some(path) => config::read_file(path).and_then(|text| {
+            refuse_blank(path, &text)?;
+            Runtime::load_text(Some(&text), std::env::vars(), &args.overrides())
+                .map_err(|e| name_flags(e, &args.overrides()))
+        }),
+        None => load(None, &args.overrides()),
+    };
+    match checked {
         Ok(rt) => {
             println!(
                 "configuration OK: {} policies, {} routes, upstream {}",
@@ -341,6 +366,13 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         };
+        if runtime.config.server.listen.starts_with(':') {
+            tracing::warn!(
+                listen = %runtime.listen,
+                "listening on every interface ({} given): anyone who can reach this host can use the proxy",
+                runtime.config.server.listen
+            );
+        }
         let names = |keys: Vec<&String>| {
             keys.iter()
                 .map(|k| k.as_str())
@@ -465,6 +497,21 @@ async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Ove
     }
 }
 
+/// A file that sets nothing (empty, or comments only: what a truncated
+/// file looks like) is refused by reloads and check-config alike.
+fn refuse_blank(path: &std::path::Path, text: &str) -> Result<(), ConfigErrors> {
+    if config::is_blank(text) {
+        return Err(ConfigErrors::one(
+            "",
+            format!(
+                "{} sets nothing (empty, or comments only); an empty file is never reloaded",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Keeps a restart-only setting as it runs, noting `key` when the file
 /// changed it.
 fn keep<T: PartialEq + Clone>(
@@ -491,15 +538,7 @@ pub fn reload(
 ) -> Result<Runtime, ConfigErrors> {
     let text = file.map(|p| config::read_file(p)).transpose()?;
     if let (Some(path), Some(text)) = (file, &text) {
-        if config::is_blank(text) {
-            return Err(ConfigErrors::one(
-                "",
-                format!(
-                    "{} sets nothing (empty, or comments only); an empty file is never reloaded",
-                    path.display()
-                ),
-            ));
-        }
+        refuse_blank(path, text)?;
     }
     let mut runtime = Runtime::load_text(text.as_deref(), std::env::vars(), overrides)?;
     // Restart-only settings stay as they are in force, each change logged:

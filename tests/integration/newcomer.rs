@@ -273,3 +273,44 @@ fn the_report_is_a_line_per_message_and_json_on_request() {
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(report["messages"].as_array().unwrap().len(), messages);
 }
+
+#[test]
+fn check_config_refuses_a_blank_file_as_a_reload_does() {
+    let blank = temp_file("blank.toml", b"# nothing yet\n\n");
+    let out = run(&["check-config", "--config", blank.to_str().unwrap()], b"");
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("sets nothing"), "{}", text(&out.stderr));
+}
+
+// ---------------------------------------------------------------------------
+// --listen in the forms nginx and Caddy users write
+// ---------------------------------------------------------------------------
+
+#[test]
+fn listen_takes_host_names_and_a_bare_port() {
+    use compaction_proxy::policy::parse_listen;
+    assert_eq!(parse_listen("127.0.0.1:8080").unwrap().to_string(), "127.0.0.1:8080");
+    assert_eq!(parse_listen(":8080").unwrap().to_string(), "0.0.0.0:8080");
+    assert!(parse_listen("localhost:8080").unwrap().ip().is_loopback());
+    assert!(parse_listen(":http").is_err());
+    assert!(parse_listen("8080").is_err());
+}
+
+#[test]
+fn a_bad_listen_flag_is_reported_as_the_flag() {
+    let out = run(&["check-config", "--listen", "nowhere:port"], b"");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--listen (sets server.listen)"), "{stderr}");
+    let out = run(&["check-config", "--listen", "localhost:8080"], b"");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(&["check-config", "--listen", ":8080"], b"");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_bare_port_listens_everywhere_and_says_so() {
+    let stderr = crate::operator::serve_until(&["--listen", ":0"], "listening on every interface");
+    assert!(stderr.contains("listening on every interface"), "{stderr}");
+    assert!(stderr.contains("0.0.0.0:"), "{stderr}");
+}
