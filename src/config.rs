@@ -431,6 +431,9 @@ pub struct TenantsConfig {
     pub header: String,
     /// Tenant -> policy; overrides the route's policy.
     pub policies: BTreeMap<String, String>,
+    /// Pass the tenant header on to the upstream (for upstreams that read
+    /// the same header); by default the proxy keeps it to itself.
+    pub forward_header: bool,
 }
 
 impl Default for TenantsConfig {
@@ -438,6 +441,7 @@ impl Default for TenantsConfig {
         TenantsConfig {
             header: "x-tenant-id".into(),
             policies: BTreeMap::new(),
+            forward_header: false,
         }
     }
 }

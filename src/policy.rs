@@ -463,6 +463,12 @@ impl Runtime {
         })
     }
 
+    /// The tenant header, when it is the proxy's alone (`None` with
+    /// `tenants.forward_header = true`: it goes upstream too).
+    pub fn own_tenant_header(&self) -> Option<&HeaderName> {
+        (!self.config.tenants.forward_header).then_some(&self.tenant_header)
+    }
+
     fn route_label(&self, route: &Route) -> Arc<str> {
         route.label.clone()
     }

@@ -232,18 +232,48 @@ pub fn write_report_id(headers: &mut HeaderMap, id: &str) {
 
 /// True when the request asks for its per-message report to be kept.
 pub fn wants_report(headers: &HeaderMap) -> bool {
-    headers
-        .get(REPORT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    is_true(headers.get(REPORT))
 }
 
 /// True when the request asks to skip compaction.
 pub fn wants_bypass(headers: &HeaderMap) -> bool {
-    headers
-        .get(BYPASS)
+    is_true(headers.get(BYPASS))
+}
+
+/// Removes the headers meant for the proxy alone before a request goes
+/// upstream: `x-compaction-bypass`, `x-compaction-report`, and the tenant
+/// header when it is the proxy's own.
+pub fn strip_control(headers: &mut HeaderMap, tenant: Option<&HeaderName>) {
+    headers.remove(BYPASS);
+    headers.remove(REPORT);
+    if let Some(tenant) = tenant {
+        headers.remove(tenant);
+    }
+}
+
+/// A header value spelling yes: `true`, `1`, `yes` or `on`, in any case
+/// (the spellings environment variables and other proxies accept).
+fn is_true(value: Option<&HeaderValue>) -> bool {
+    value
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        .map(str::trim)
+        .is_some_and(|v| {
+            ["true", "1", "yes", "on"]
+                .iter()
+                .any(|yes| v.eq_ignore_ascii_case(yes))
+        })
+}
+
+/// Appends `; report-not-allowed` to the status: the request asked for a
+/// report (`x-compaction-report`) and its policy has `allow_report = false`.
+pub fn note_report_refused(headers: &mut HeaderMap) {
+    let status = headers
+        .get(STATUS)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| format!("{v}; report-not-allowed"));
+    if let Some(v) = status.and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(STATUS, v);
+    }
 }
 
 #[cfg(test)]

@@ -101,6 +101,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     let (mut parts, body) = request.into_parts();
     let wants_bypass = headers::wants_bypass(&parts.headers);
     let bypass_refused = wants_bypass && !resolution.policy.allow_bypass;
+    let report_refused = headers::wants_report(&parts.headers) && !resolution.policy.allow_report;
     // Requests that are not compacted keep their body streaming.
     let untouched = if parts.method != Method::POST {
         Some(Status::Skipped("not-post"))
@@ -115,6 +116,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             status,
             loss: None,
             bypass_refused,
+            report_refused,
             stable: None,
             report_id: None,
         };
@@ -168,6 +170,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         status,
         loss,
         bypass_refused,
+        report_refused,
         stable,
         report_id,
     };
@@ -247,6 +250,8 @@ struct Verdict {
     loss: Option<LossSummary>,
     /// A bypass was asked for and the policy refuses it.
     bypass_refused: bool,
+    /// A report was asked for and the policy refuses it.
+    report_refused: bool,
     stable: Option<StableInfo>,
     /// The id under which this request's per-message report is kept.
     report_id: Option<String>,
@@ -262,6 +267,9 @@ impl Verdict {
         );
         if self.bypass_refused {
             headers::note_bypass_refused(headers);
+        }
+        if self.report_refused {
+            headers::note_report_refused(headers);
         }
         if let Some(stable) = &self.stable {
             headers::write_stable_report(headers, stable);
@@ -343,6 +351,7 @@ async fn forward(
     // once the upstream agrees.
     let client_upgrade = parts.extensions.remove::<OnUpgrade>();
     let upgrade = headers::strip_hop_by_hop_keeping_upgrade(&mut parts.headers);
+    headers::strip_control(&mut parts.headers, runtime.own_tenant_header());
     match state.upstream.host() {
         Some(host) => parts.headers.insert(header::HOST, host.clone()),
         None => parts.headers.remove(header::HOST),

@@ -314,3 +314,67 @@ fn a_bare_port_listens_everywhere_and_says_so() {
     assert!(stderr.contains("listening on every interface"), "{stderr}");
     assert!(stderr.contains("0.0.0.0:"), "{stderr}");
 }
+
+// ---------------------------------------------------------------------------
+// control headers: read by the proxy, kept from the provider
+// ---------------------------------------------------------------------------
+
+fn with_headers(url: &str, body: String, headers: &[(&str, &str)]) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut request = post_json(url, body);
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    request
+}
+
+#[tokio::test]
+async fn yes_spellings_count_and_a_refused_report_says_so() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start("", &upstream.url()).await;
+    let url = proxy.url("/v1/chat/completions");
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    for yes in ["1", "yes", "TRUE", "on"] {
+        let answer = send(with_headers(&url, chat.clone(), &[("x-compaction-bypass", yes)])).await;
+        assert_eq!(answer.header("x-compaction-status"), Some("bypassed"), "{yes}");
+    }
+    let answer = send(with_headers(&url, chat.clone(), &[("x-compaction-bypass", "no")])).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("unchanged"));
+    // The default policy keeps no reports: the status says why none came.
+    let answer = send(with_headers(&url, chat, &[("x-compaction-report", "1")])).await;
+    assert_eq!(
+        answer.header("x-compaction-status"),
+        Some("unchanged; report-not-allowed")
+    );
+    assert_eq!(answer.header("x-compaction-report-id"), None);
+}
+
+#[tokio::test]
+async fn the_proxys_own_headers_do_not_reach_the_upstream() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let control = [
+        ("x-tenant-id", "acme"),
+        ("x-compaction-bypass", "false"),
+        ("x-compaction-report", "true"),
+        ("x-other", "kept"),
+    ];
+    let proxy = TestProxy::start("", &upstream.url()).await;
+    for path in ["/v1/chat/completions", "/v1/models"] {
+        send(with_headers(&proxy.url(path), chat.clone(), &control)).await;
+        let got = upstream.last().headers;
+        for name in ["x-tenant-id", "x-compaction-bypass", "x-compaction-report"] {
+            assert!(got.get(name).is_none(), "{name} reached the upstream on {path}");
+        }
+        assert_eq!(got["x-other"], "kept");
+        assert!(got.get("authorization").is_some());
+    }
+    // Upstreams that read the tenant header too can be given it.
+    let proxy = TestProxy::start("[tenants]\nforward_header = true", &upstream.url()).await;
+    send(with_headers(&proxy.url("/v1/chat/completions"), chat, &control)).await;
+    let got = upstream.last().headers;
+    assert_eq!(got["x-tenant-id"], "acme");
+    assert!(got.get("x-compaction-report").is_none());
+}
