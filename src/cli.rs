@@ -386,13 +386,14 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
             .map(|r| format!("{}->{}", r.path, r.policy))
             .collect::<Vec<_>>()
             .join(",");
+        // String fields as &str: quoted in text, as the request lines are.
         tracing::info!(
-            listen = %listener.local_addr()?,
-            upstream = %runtime.upstream,
-            config = %args.config.as_ref().map_or("(embedded default)".into(), |p| p.display().to_string()),
-            policies = %names(runtime.config.policies.keys().collect()),
-            routes = %routes,
-            tenants = %names(runtime.config.tenants.policies.keys().collect()),
+            listen = listener.local_addr()?.to_string().as_str(),
+            upstream = runtime.upstream.to_string().as_str(),
+            config = args.config.as_ref().map_or("(embedded default)".into(), |p| p.display().to_string()).as_str(),
+            policies = names(runtime.config.policies.keys().collect()).as_str(),
+            routes = routes.as_str(),
+            tenants = names(runtime.config.tenants.policies.keys().collect()).as_str(),
             "compaction-proxy listening"
         );
         let state = AppState::new(runtime);
@@ -420,7 +421,8 @@ fn init_logging(format: LogFormat) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(crate::log_buffer::Stderr);
     match format {
-        LogFormat::Json => builder.json().init(),
+        // Flat: a request's fields beside its message, not under `fields`.
+        LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
     }
 }
@@ -491,7 +493,15 @@ async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Ove
             }
             Err(errors) => {
                 state.metrics.config_reload(crate::metrics::RELOAD_REFUSED);
-                tracing::error!(reason, problems = %errors, "configuration reload refused; the previous configuration stays in force");
+                // One line per event: the problems joined, not the
+                // multi-line list check-config prints.
+                let problems = errors
+                    .0
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                tracing::error!(reason, problems = problems.as_str(), "configuration reload refused; the previous configuration stays in force");
             }
         }
     }

@@ -29,11 +29,11 @@ pub enum ProxyError {
     InvalidRequest(#[from] InvalidRequest),
     #[error("upstream could not be reached: {1}")]
     UpstreamUnreachable(UpstreamCause, String),
-    #[error("upstream sent no response headers within {0} seconds")]
+    #[error("upstream sent no response headers within {}", Seconds(*.0))]
     UpstreamTimeout(f64),
-    #[error("the request body stopped moving for {0} seconds (an upstream no longer reading)")]
+    #[error("the request body stopped moving for {} (an upstream no longer reading)", Seconds(*.0))]
     TransferStalled(f64),
-    #[error("the client sent no request body bytes for {0} seconds")]
+    #[error("the client sent no request body bytes for {}", Seconds(*.0))]
     BodyTimeout(f64),
     #[error("the proxy holds too many request bodies right now; retry shortly")]
     Overloaded,
@@ -45,6 +45,16 @@ pub enum ProxyError {
     UnsupportedTransferCoding(String),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// A duration in words: `1 second`, `2.5 seconds`.
+pub struct Seconds(pub f64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unit = if self.0 == 1.0 { "second" } else { "seconds" };
+        write!(f, "{} {unit}", self.0)
+    }
 }
 
 /// Why an upstream failed a request: the `cause` label of
@@ -306,6 +316,16 @@ mod tests {
             assert!(v["error"]["message"].as_str().unwrap().len() > 5);
             assert_eq!(r.status(), e.status());
         }
+    }
+
+    #[test]
+    fn durations_read_as_words() {
+        assert_eq!(
+            ProxyError::UpstreamTimeout(1.0).to_string(),
+            "upstream sent no response headers within 1 second"
+        );
+        assert!(ProxyError::BodyTimeout(2.5).to_string().ends_with("for 2.5 seconds"));
+        assert_eq!(ProxyError::UpstreamTimeout(1.0).upstream_cause(), Some(UpstreamCause::Timeout));
     }
 
     #[test]

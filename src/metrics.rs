@@ -451,6 +451,8 @@ pub struct RequestEvent {
     pub cache_hit: Option<bool>,
     /// How the upstream failed the request, if it did.
     pub upstream_failure: Option<UpstreamCause>,
+    /// The request's `x-request-id`, given or made.
+    pub request_id: Option<http::HeaderValue>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -510,6 +512,7 @@ impl RequestEvent {
             checkpoint_hit: None,
             cache_hit: None,
             upstream_failure: None,
+            request_id: None,
         }
     }
 
@@ -720,16 +723,24 @@ impl RequestEvent {
             (Some(l.input_chars), Some(l.output_chars))
         });
         let ms = |seconds: f64| (seconds * 1e6).round() / 1e3;
+        // Every string field is a &str: quoted in text logs, a string in
+        // JSON, the same for all of them.
+        let status = self.status.map(|s| match s {
+            Status::Skipped(_) | Status::Refused(_) => std::borrow::Cow::Owned(s.header()),
+            s => std::borrow::Cow::Borrowed(s.label()),
+        });
+        let request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok());
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
-                    method = %self.method,
-                    path = %self.path,
-                    route = %self.route,
+                    request_id,
+                    method = self.method.as_str(),
+                    path = self.path.as_str(),
+                    route = &*self.route,
                     policy = self.policy.as_deref(),
-                    tenant = %self.tenant,
+                    tenant = &*self.tenant,
                     format = self.format.map(crate::format::Format::as_str),
-                    compaction = self.status.as_ref().map(tracing::field::display),
+                    compaction = status.as_deref(),
                     rebased = self.rebased.then_some(true),
                     chars_in,
                     chars_out,
@@ -934,7 +945,6 @@ mod tests {
             sample(
                 &text,
                 "compaction_proxy_skipped_total",
-    "compaction_proxy_refused_total",
                 &[&format!("reason=\"{reason}\"")],
             )
         };
@@ -995,6 +1005,7 @@ mod tests {
         let writer = sink.clone();
         let subscriber = tracing_subscriber::fmt()
             .json()
+            .flatten_event(true)
             .with_writer(move || writer.clone())
             .finish();
         serially(|| {
@@ -1018,7 +1029,9 @@ mod tests {
         e.upstream_seconds = Some(1.0 / 3.0);
         let log = json_log_of(|| e.emit(&m));
         let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
-        let fields = &line["fields"];
+        // Flat, as the proxy writes JSON logs: fields beside the message.
+        let fields = &line;
+        assert_eq!(line["message"], "request", "{log}");
         assert_eq!(fields["total_ms"], 2.327, "{log}");
         assert_eq!(fields["compaction_ms"], 0.123, "{log}");
         assert_eq!(fields["upstream_ms"], 333.333, "{log}");

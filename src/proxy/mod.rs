@@ -65,7 +65,7 @@ use state::TunnelGuard;
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
     if let Err(refused) = server::check_request(&request) {
-        tracing::warn!(method = %request.method(), code = refused.code(), "request refused: {refused}");
+        tracing::warn!(method = request.method().as_str(), code = refused.code(), "request refused: {refused}");
         let (parts, body) = refused.to_response().into_parts();
         return Response::from_parts(parts, body::full(body));
     }
@@ -79,11 +79,29 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     } else {
         request
     };
+    // The request's id: the client's `x-request-id`, or a new one; sent
+    // upstream, logged, and returned to the client.
+    let mut request = request;
+    let request_id = headers::request_id(request.headers_mut());
+    let mut response = Box::pin(proxy_request(state, request, request_id.clone())).await;
+    response
+        .headers_mut()
+        .insert(headers::REQUEST_ID, request_id);
+    response
+}
+
+/// Steps 3-8 for a request that is not the proxy's own.
+async fn proxy_request(
+    state: Arc<AppState>,
+    request: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Response<ProxyBody> {
     let runtime = state.runtime();
     let mut record = Recorder::new(
         state.clone(),
         RequestEvent::new(request.method().clone(), request.uri().path().to_owned()),
     );
+    record.request_id = Some(request_id);
 
     let Some(resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
         if request.method() == Method::POST {
@@ -454,6 +472,8 @@ fn error_response(error: &ProxyError, format: Format) -> (Response<ProxyBody>, E
     let ending = match error {
         // Nobody reads this answer: the client left mid-upload.
         ProxyError::ClientBody(_) => Ending::ClientGone,
+        // The upstream failed (502, 504): not a refusal of the proxy's.
+        e if e.upstream_cause().is_some() => Ending::UpstreamFailed(e.to_string()),
         e => Ending::Refused(e.to_string()),
     };
     (Response::from_parts(parts, body::full(body)), ending)

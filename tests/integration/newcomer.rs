@@ -378,3 +378,102 @@ async fn the_proxys_own_headers_do_not_reach_the_upstream() {
     assert_eq!(got["x-tenant-id"], "acme");
     assert!(got.get("x-compaction-report").is_none());
 }
+
+// ---------------------------------------------------------------------------
+// logs: one event a line, flat JSON, a request id, upstream failures named
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn json_logs_are_flat_and_carry_the_request_id_which_is_returned() {
+    let closed = unused_addr().await;
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let config = temp_file("json.toml", b"[server]\nlog_format = \"json\"\n");
+    let (mut child, addr, log) = serve(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--upstream",
+        &format!("http://{closed}"),
+    ])
+    .await;
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let url = format!("http://{addr}/v1/chat/completions");
+    let given = send(with_headers(&url, chat.clone(), &[("x-request-id", "req-given-1")])).await;
+    assert_eq!(given.status, 502);
+    assert_eq!(given.header("x-request-id"), Some("req-given-1"));
+    let made = send(post_json(&url, chat)).await;
+    let made_id = made.header("x-request-id").expect("an id is made").to_owned();
+    assert_eq!(made_id.len(), 32, "{made_id}");
+    let logged = wait_until(std::time::Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).unwrap().contains(&made_id)
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(logged, "{text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let requests: Vec<&serde_json::Value> =
+        lines.iter().filter(|l| l["message"] == "request").collect();
+    assert_eq!(requests.len(), 2, "{text}");
+    assert_eq!(requests[0]["request_id"], "req-given-1");
+    assert_eq!(requests[1]["request_id"], made_id.as_str());
+    for line in &requests {
+        assert!(line.get("fields").is_none(), "flat: {line}");
+        // A closed port is the upstream's failure, as the docs list it.
+        assert_eq!(line["ending"], "upstream-failed", "{line}");
+        assert_eq!(line["level"], "ERROR");
+    }
+    drop(upstream);
+}
+
+#[tokio::test]
+async fn text_logs_quote_every_string_and_keep_an_event_on_one_line() {
+    let upstream = MockUpstream::start(Behavior::Stall).await;
+    let config = temp_file(
+        "slow.toml",
+        b"[upstream]\nresponse_header_timeout_secs = 1\n",
+    );
+    let (mut child, addr, log) = serve(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--upstream",
+        &upstream.url(),
+    ])
+    .await;
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let answer = send(post_json(&format!("http://{addr}/v1/chat/completions"), chat)).await;
+    assert_eq!(answer.status, 504);
+    assert!(answer.json()["error"]["message"].as_str().unwrap().ends_with("within 1 second"));
+    // A refused reload: the problems on the one line of its event.
+    std::fs::write(&config, "[policies.default]\nbudget_chars = 0\nkeep_lst_n = 1\n").unwrap();
+    let refused = wait_until(std::time::Duration::from_secs(8), || {
+        std::fs::read_to_string(&log).unwrap().contains("reload refused")
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(refused, "{text}");
+    for line in text.lines() {
+        assert!(
+            line.contains(" INFO ") || line.contains(" WARN ") || line.contains(" ERROR "),
+            "every line is an event of its own: {line:?}\n{text}"
+        );
+    }
+    let request = text.lines().find(|l| l.contains("request")).unwrap();
+    for part in [
+        "method=\"POST\"",
+        "path=\"/v1/chat/completions\"",
+        "route=\"/v1/chat/completions\"",
+        "tenant=\"other\"",
+        "ending=\"upstream-failed\"",
+        "request_id=\"",
+    ] {
+        assert!(request.contains(part), "{part} missing: {request}");
+    }
+    let reload = text.lines().find(|l| l.contains("reload refused")).unwrap();
+    assert!(reload.contains("budget_chars") && reload.contains("keep_lst_n"), "{reload}");
+}

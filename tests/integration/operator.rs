@@ -270,12 +270,12 @@ fn the_startup_line_names_config_policies_routes_and_tenants_without_colour() {
         .unwrap_or_else(|| panic!("no startup line:\n{stderr}"));
     for part in [
         "two-tenant.toml",
-        "policies=default,small",
-        "routes=/v1/chat/completions->default,",
+        "policies=\"default,small\"",
+        "routes=\"/v1/chat/completions->default,",
         // The built-in routes the file does not override follow its own.
         "/v1/messages->default",
         "/v1/responses->default",
-        "tenants=acme,globex",
+        "tenants=\"acme,globex\"",
     ] {
         assert!(line.contains(part), "{part} missing: {line}");
     }
@@ -714,13 +714,17 @@ async fn a_policy_that_allows_it_keeps_a_live_report_fetchable_by_id() {
     let error: Value = serde_json::from_slice(&missing.body).unwrap();
     assert_eq!(error["error"]["code"], "report_not_found");
 
-    // A policy that does not allow reports keeps none and says no id.
+    // A policy that does not allow reports keeps none, gives no id, and
+    // says why.
     let closed = send(with_report_header(post_json(
         &proxy.url("/closed/chat/completions"),
         chat,
     )))
     .await;
-    assert_eq!(closed.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(
+        closed.header("x-compaction-status"),
+        Some("compacted; report-not-allowed")
+    );
     assert!(closed.header("x-compaction-report-id").is_none());
 }
 
