@@ -13,6 +13,48 @@ use prometheus::{
     IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
+/// The Prometheus process collector, its `process_cpu_seconds_total` read
+/// to the microsecond (`getrusage`) rather than in the whole seconds the
+/// collector counts.
+struct ProcessMetrics(prometheus::process_collector::ProcessCollector);
+
+impl prometheus::core::Collector for ProcessMetrics {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut families = self.0.collect();
+        if let Some(seconds) = cpu_seconds() {
+            for family in &mut families {
+                if family.name() == "process_cpu_seconds_total" {
+                    for metric in family.mut_metric() {
+                        let mut counter = prometheus::proto::Counter::new();
+                        counter.set_value(seconds);
+                        metric.set_counter(counter);
+                    }
+                }
+            }
+        }
+        families
+    }
+}
+
+/// User and system CPU time of this process, in seconds.
+fn cpu_seconds() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given
+    // and reports failure by its return value.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
+}
+
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
@@ -153,7 +195,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 25] = [
+pub const FAMILIES: [&str; 26] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -179,6 +221,7 @@ pub const FAMILIES: [&str; 25] = [
     "compaction_proxy_stable_rebases_total",
     "compaction_proxy_config_reloads_total",
     "compaction_proxy_tasks",
+    "compaction_proxy_build_info",
 ];
 
 const LOSS_LABELS: &[&str] = &["route", "policy", "tenant"];
@@ -223,9 +266,23 @@ impl Metrics {
         // RSS, open fds, CPU seconds, start time (Linux only; elsewhere the
         // collector exports nothing).
         registry
-            .register(Box::new(
+            .register(Box::new(ProcessMetrics(
                 prometheus::process_collector::ProcessCollector::for_self(),
-            ))
+            )))
+            .expect("unique metric");
+        let build_info = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "compaction_proxy_build_info",
+                "1, labelled with the running binary's version.",
+            ),
+            &["version"],
+        )
+        .expect("valid metric");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        registry
+            .register(Box::new(build_info))
             .expect("unique metric");
         let config_reloads = counter(
             "config_reloads_total",
@@ -1061,6 +1118,30 @@ mod tests {
         // An aborted task is gone once its runtime has run.
         runtimes[1].block_on(tokio::task::yield_now());
         assert_eq!(tasks(&m), Some(2.0));
+    }
+
+    #[test]
+    fn build_info_names_the_version() {
+        let text = Metrics::new().render();
+        let line = format!(
+            "compaction_proxy_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&line), "{text}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cpu_seconds_have_fractions() {
+        // Burn a little CPU, then read: whole seconds would read 0 here.
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let text = Metrics::new().render();
+        let cpu = sample(&text, "process_cpu_seconds_total", &[]).unwrap();
+        assert!(cpu > 0.0 && cpu.fract() != 0.0, "{cpu}");
     }
 
     #[cfg(target_os = "linux")]

@@ -720,6 +720,19 @@ async fn exercise_every_family() -> (TestProxy, MockUpstream) {
     send(request(&url, None, "not json")).await;
     upstream.set_behavior(Behavior::Json(429, json!({"error": "slow down"})));
     send(request(&url, None, big_chat())).await;
+    // A body declared past max_body_bytes, refused unread (refused_total).
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        tcp.write_all(
+            format!("POST {ROUTE} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 999999999\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut head = [0u8; 12];
+        tcp.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 413");
+    }
     // An upstream that fails before answering (upstream_failures_total).
     upstream.set_behavior(Behavior::FailStream);
     send(request(&url, None, big_chat())).await;
