@@ -40,8 +40,10 @@ pub enum Command {
         /// Policy for API bodies (default: the first route's).
         #[arg(long)]
         policy: Option<String>,
-        /// The body's format: chat, anthropic or responses (default: chat
-        /// for a body with `messages`; a body with `budget_chars` is a
+        /// The body's format: chat, anthropic or responses (default: from
+        /// the body's shape: `input` is responses, `messages` with a
+        /// top-level `system` or Anthropic content blocks is anthropic,
+        /// other `messages` chat; a body with `budget_chars` is a
         /// memory-compact request).
         #[arg(long)]
         format: Option<crate::format::Format>,
@@ -172,9 +174,21 @@ fn compact(
         }
     };
     let mut stdout = std::io::stdout().lock();
-    let memory_compact_request =
-        value.get("budget_chars").is_some() || value.get("messages").is_none();
-    if format.is_none() && memory_compact_request {
+    let detected = match format {
+        Some(format) => Some(format),
+        None => {
+            let detected = detect_format(&value);
+            // Chat is the default the docs give; another API is said.
+            if let Some(format) = detected.filter(|f| *f != crate::format::Format::Chat) {
+                eprintln!(
+                    "format: {} (from the body's shape; --format chat|anthropic|responses to choose)",
+                    format.as_str()
+                );
+            }
+            detected
+        }
+    };
+    if detected.is_none() {
         // The memory-compact API's request: print exactly what the API answers.
         return match memory_compact::validate(&value) {
             Ok(request) => {
@@ -213,7 +227,7 @@ fn compact(
     // As the proxy decides (same code): what cannot be compacted, and
     // everything under a dry-run policy, is forwarded as it came.
     let max_messages = runtime.config.server.max_messages;
-    let format = format.unwrap_or_default();
+    let format = detected.unwrap_or_default();
     if let Some(json) = report {
         return print_report(&input, &name, &policy, format, max_messages, json, &mut stdout);
     }
@@ -252,6 +266,44 @@ fn compact(
         if loss.budget_met { "met" } else { "missed" },
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The API a body is for, from its shape; `None` for a memory-compact
+/// request (`budget_chars`, or no conversation at all). A Responses body
+/// has `input`; a Messages body `messages` with a top-level `system`, or
+/// content blocks only Anthropic has; any other `messages` body is chat.
+pub fn detect_format(body: &serde_json::Value) -> Option<crate::format::Format> {
+    use crate::format::Format;
+    if body.get("budget_chars").is_some() {
+        return None;
+    }
+    let Some(messages) = body.get("messages").and_then(|m| m.as_array()) else {
+        return body.get("input").is_some().then_some(Format::Responses);
+    };
+    let chat_roles = ["system", "developer", "tool", "function"];
+    let anthropic_blocks = [
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+        "document",
+    ];
+    fn role(m: &serde_json::Value) -> &str {
+        m.get("role").and_then(|r| r.as_str()).unwrap_or("")
+    }
+    if messages.iter().any(|m| chat_roles.contains(&role(m))) {
+        return Some(Format::Chat);
+    }
+    let anthropic_block = messages
+        .iter()
+        .filter_map(|m| m.get("content")?.as_array())
+        .flatten()
+        .filter_map(|block| block.get("type")?.as_str())
+        .any(|kind| anthropic_blocks.contains(&kind));
+    if body.get("system").is_some() || anthropic_block {
+        return Some(Format::Anthropic);
+    }
+    Some(Format::Chat)
 }
 
 /// `compact --report`: a line of loss figures, then one line per input

@@ -29,7 +29,7 @@ impl prometheus::core::Collector for ProcessMetrics {
             for family in &mut families {
                 if family.name() == "process_cpu_seconds_total" {
                     for metric in family.mut_metric() {
-                        let mut counter = prometheus::proto::Counter::new();
+                        let mut counter = prometheus::proto::Counter::default();
                         counter.set_value(seconds);
                         metric.set_counter(counter);
                     }

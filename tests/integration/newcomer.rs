@@ -477,3 +477,43 @@ async fn text_logs_quote_every_string_and_keep_an_event_on_one_line() {
     let reload = text.lines().find(|l| l.contains("reload refused")).unwrap();
     assert!(reload.contains("budget_chars") && reload.contains("keep_lst_n"), "{reload}");
 }
+
+// ---------------------------------------------------------------------------
+// compact: the format from the body's shape
+// ---------------------------------------------------------------------------
+
+#[test]
+fn compact_tells_the_format_from_the_body() {
+    use compaction_proxy::cli::detect_format;
+    use compaction_proxy::format::Format;
+    let detect = |v: serde_json::Value| detect_format(&v);
+    assert_eq!(detect(json!({"budget_chars": 10, "messages": []})), None);
+    assert_eq!(detect(json!({"model": "m", "input": "hi"})), Some(Format::Responses));
+    assert_eq!(
+        detect(json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})),
+        Some(Format::Chat)
+    );
+    assert_eq!(
+        detect(json!({"system": "s", "max_tokens": 5, "messages": [{"role": "user", "content": "u"}]})),
+        Some(Format::Anthropic)
+    );
+    assert_eq!(
+        detect(json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]})),
+        Some(Format::Anthropic)
+    );
+
+    // A Responses body through the binary, no --format: compacted, not
+    // read as a memory-compact request.
+    let mut input = Vec::new();
+    for i in 0..60 {
+        input.push(json!({"role": "user", "content": format!("turn {i}: {}", "words ".repeat(400))}));
+        input.push(json!({"role": "assistant", "content": format!("reply {i}: {}", "more ".repeat(400))}));
+    }
+    let body = json!({"model": "m", "input": input}).to_string();
+    let out = run(&["compact", "--policy", "default"], body.as_bytes());
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("format: responses"), "{stderr}");
+    let forwarded: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(forwarded["input"].as_array().unwrap().len() < 120, "{stderr}");
+}
