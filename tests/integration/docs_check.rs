@@ -181,3 +181,27 @@ fn every_refusal_reason_is_listed_and_only_those() {
     assert!(code.contains("body-too-large"), "{code:?}");
     assert_eq!(listed(&doc, "Refusal reasons ("), code);
 }
+
+#[test]
+fn docs_speak_to_users() {
+    // Words that point at the project's own history rather than at what a
+    // user can read: issue numbers, seed numbers, "as filed".
+    let stale = regex::Regex::new(r"(?i)\bissue \d|\bseed \d{3}\b|\bas filed\b").unwrap();
+    let mut found = Vec::new();
+    for doc in docs() {
+        for (n, line) in read(&doc).lines().enumerate() {
+            if let Some(m) = stale.find(line) {
+                found.push(format!("{}:{}: {}", doc.display(), n + 1, m.as_str()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn the_documented_error_type_is_the_one_the_api_sends() {
+    let doc = read(&root().join("docs/compaction.md"));
+    let invalid = compaction_proxy::error::ProxyError::BodyTooLarge { limit: 1 }.kind();
+    assert!(doc.contains(&format!("\"type\": \"{invalid}\"")), "docs/compaction.md");
+    assert!(!doc.contains("\"type\": \"invalid_request\""));
+}
