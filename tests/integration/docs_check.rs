@@ -205,3 +205,15 @@ fn the_documented_error_type_is_the_one_the_api_sends() {
     assert!(doc.contains(&format!("\"type\": \"{invalid}\"")), "docs/compaction.md");
     assert!(!doc.contains("\"type\": \"invalid_request\""));
 }
+
+#[test]
+fn the_license_tls_and_troubleshooting_are_where_users_look() {
+    let license = read(&root().join("LICENSE"));
+    assert!(license.contains("Apache License") && license.contains("Version 2.0"));
+    let cargo = read(&root().join("Cargo.toml"));
+    assert!(cargo.contains("license = \"Apache-2.0\""));
+    let config = read(&root().join("docs/configuration.md"));
+    assert!(config.contains("## TLS: the listener speaks plain HTTP"));
+    let readme = read(&root().join("README.md"));
+    assert!(readme.contains("## No `x-compaction-*` headers?"));
+}
