@@ -20,25 +20,33 @@ use crate::proxy::{self, AppState};
 #[command(
     name = "compaction-proxy",
     version,
-    about = "Compacts chat histories on their way to an OpenAI-compatible API"
+    about = "A reverse proxy that compacts LLM conversation histories (OpenAI chat completions and compatible servers, Anthropic Messages, OpenAI Responses) to a budget on their way upstream, and reports what it removed",
+    args_conflicts_with_subcommands = false
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Global: valid before or after the subcommand, so
+    /// `--config` is global: valid before or after the subcommand, so
     /// `compaction-proxy --config f.toml check-config` checks `f.toml`.
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// For `serve` (the default) and `check-config`, given before the
+    /// subcommand.
+    #[command(flatten)]
+    pub network: NetworkArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (the default).
-    Serve,
-    /// Compact one request read from stdin, offline.
+    Serve {
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
+    /// Compact one request read from stdin, offline (no network).
     Compact {
         /// Policy for API bodies (default: the first route's).
-        #[arg(long)]
+        #[arg(long, short = 'p')]
         policy: Option<String>,
         /// The body's format: chat, anthropic or responses (default: from
         /// the body's shape: `input` is responses, `messages` with a
@@ -57,25 +65,44 @@ pub enum Command {
         #[arg(long, requires = "report")]
         json: bool,
     },
-    /// Validate the configuration and print every problem.
-    CheckConfig,
+    /// Validate the configuration (file, environment and flags) and print
+    /// every problem, or the routes in force.
+    CheckConfig {
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
 }
 
-/// The flags every command reads the configuration with.
+/// The flag every command reads the configuration with.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct GlobalArgs {
     /// TOML file layered over the embedded default.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, short = 'c', global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address to listen on, e.g. 127.0.0.1:8080.
-    #[arg(long, global = true, value_name = "ADDR")]
+}
+
+/// The flags of the commands that listen or forward.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NetworkArgs {
+    /// Address to listen on: 127.0.0.1:8080, localhost:8080, or :8080 for
+    /// every interface.
+    #[arg(long, short = 'l', value_name = "ADDR")]
     pub listen: Option<String>,
     /// Upstream base URL, e.g. https://api.openai.com or http://vllm:8000/v1.
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(long, short = 'u', value_name = "URL")]
     pub upstream: Option<String>,
 }
 
-impl GlobalArgs {
+impl NetworkArgs {
+    /// These flags, each given after the subcommand winning over the same
+    /// given before it.
+    fn or(self, before: NetworkArgs) -> NetworkArgs {
+        NetworkArgs {
+            listen: self.listen.or(before.listen),
+            upstream: self.upstream.or(before.upstream),
+        }
+    }
+
     fn overrides(&self) -> Overrides {
         Overrides {
             listen: self.listen.clone(),
@@ -84,17 +111,40 @@ impl GlobalArgs {
     }
 }
 
+/// What a command reads its configuration with.
+#[derive(Debug, Clone, Default)]
+struct Args {
+    config: Option<PathBuf>,
+    network: NetworkArgs,
+}
+
+impl Args {
+    fn overrides(&self) -> Overrides {
+        self.network.overrides()
+    }
+}
+
 /// Runs the parsed command; the exit code says whether it succeeded.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let args = |network: NetworkArgs| Args {
+        config: cli.global.config.clone(),
+        network: network.or(cli.network.clone()),
+    };
     match cli.command {
-        None | Some(Command::Serve) => serve(cli.global),
+        None => serve(args(NetworkArgs::default())),
+        Some(Command::Serve { ref network }) => serve(args(network.clone())),
         Some(Command::Compact {
             policy,
             format,
             report,
             json,
-        }) => compact(&cli.global, policy, format, report.then_some(json)),
-        Some(Command::CheckConfig) => check_config(&cli.global),
+        }) => {
+            if cli.network.listen.is_some() || cli.network.upstream.is_some() {
+                eprintln!("note: --listen and --upstream do nothing for compact (it uses no network)");
+            }
+            compact(&args(NetworkArgs::default()), policy, format, report.then_some(json))
+        }
+        Some(Command::CheckConfig { ref network }) => check_config(&args(network.clone())),
     }
 }
 
@@ -117,7 +167,7 @@ fn name_flags(mut errors: ConfigErrors, overrides: &Overrides) -> ConfigErrors {
     errors
 }
 
-fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
+fn check_config(args: &Args) -> anyhow::Result<ExitCode> {
     // What a running proxy would do with the file: a reload refuses a
     // blank one, so check-config does too.
     let checked = match &args.config {
@@ -158,7 +208,7 @@ fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn compact(
-    args: &GlobalArgs,
+    args: &Args,
     policy: Option<String>,
     format: Option<crate::format::Format>,
     // `Some(json)`: print the report (as JSON when true) instead of the body.
@@ -221,7 +271,11 @@ fn compact(
         .or_else(|| runtime.config.routes.first().map(|r| r.policy.clone()))
         .unwrap_or_else(|| "default".into());
     let Some(policy) = runtime.policy(&name) else {
-        eprintln!("error: no policy named {name:?}");
+        let known: Vec<&str> = runtime.config.policies.keys().map(String::as_str).collect();
+        eprintln!(
+            "error: no policy named {name:?}; the policies are: {}",
+            known.join(", ")
+        );
         return Ok(ExitCode::FAILURE);
     };
     // As the proxy decides (same code): what cannot be compacted, and
@@ -387,7 +441,7 @@ fn write_report_lines(
     Ok(())
 }
 
-fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
+fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let overrides = args.overrides();
     let runtime = match load(args.config.as_ref(), &overrides) {
         Ok(rt) => rt,
@@ -413,8 +467,12 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
         let listener = match tokio::net::TcpListener::bind(runtime.listen).await {
             Ok(listener) => listener,
             Err(e) => {
-                tracing::error!(listen = %runtime.listen, error = %e, "cannot listen");
-                eprintln!("error: cannot listen on {}: {e}", runtime.listen);
+                // Said once, in the log (stderr).
+                tracing::error!(
+                    listen = runtime.listen.to_string().as_str(),
+                    "cannot listen on {}: {e}",
+                    runtime.listen
+                );
                 return Ok(ExitCode::FAILURE);
             }
         };
@@ -497,7 +555,7 @@ const CONFIG_POLL: Duration = Duration::from_secs(1);
 /// modification time and size on two polls in a row), so a rewrite is not
 /// caught halfway. A bad or blank file is refused with its problems
 /// logged; the configuration in force stays.
-async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Overrides) {
+async fn reload_on_sighup(state: Arc<AppState>, args: Args, overrides: Overrides) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(hup) => Some(hup),

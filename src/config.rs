@@ -522,7 +522,7 @@ pub fn read_layers(
     if let Some(text) = file_text {
         figment = figment.merge(Toml::string(text));
     }
-    let (env_layer, mut problems) = env_provider(env);
+    let (env_layer, mut problems, env_keys) = env_provider(env);
     figment = figment.merge(env_layer);
     if let Some(listen) = &overrides.listen {
         figment = figment.merge(("server.listen", listen));
@@ -543,6 +543,13 @@ pub fn read_layers(
     merge_builtin_routes(&mut merged);
     let (config, more) = read_value(&merged);
     problems.extend(more);
+    // A problem at a key an environment variable set names the variable,
+    // which is what the user has to fix.
+    for problem in &mut problems {
+        if let Some((_, var)) = env_keys.iter().find(|(path, _)| *path == problem.path) {
+            problem.path = format!("{var} (sets {})", problem.path);
+        }
+    }
     Ok((config, problems))
 }
 
@@ -594,9 +601,11 @@ pub fn load_text(
 /// ([`is_service_link`]): those are not ours and are ignored.
 fn env_provider(
     env: impl IntoIterator<Item = (String, String)>,
-) -> (Serialized<Value>, Vec<ConfigProblem>) {
+) -> (Serialized<Value>, Vec<ConfigProblem>, Vec<(String, String)>) {
     let mut root = serde_json::Map::new();
     let mut problems = Vec::new();
+    // (key path, variable) of every variable read.
+    let mut keys = Vec::new();
     for (key, raw) in env {
         let Some(rest) = key.strip_prefix(ENV_PREFIX) else {
             continue;
@@ -619,8 +628,9 @@ fn env_provider(
             continue;
         }
         insert_path(&mut root, &parts, env_value(&raw));
+        keys.push((parts.join("."), key));
     }
-    (Serialized::defaults(Value::Object(root)), problems)
+    (Serialized::defaults(Value::Object(root)), problems, keys)
 }
 
 /// Kubernetes' service-link variables, after the prefix: `SERVICE_HOST`,

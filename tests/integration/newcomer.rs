@@ -517,3 +517,78 @@ fn compact_tells_the_format_from_the_body() {
     let forwarded: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(forwarded["input"].as_array().unwrap().len() < 120, "{stderr}");
 }
+
+// ---------------------------------------------------------------------------
+// CLI habits
+// ---------------------------------------------------------------------------
+
+#[test]
+fn help_names_all_three_apis_and_only_the_flags_a_command_reads() {
+    let top = text(&run(&["--help"], b"").stdout);
+    for api in ["OpenAI chat completions", "Anthropic Messages", "OpenAI Responses"] {
+        assert!(top.contains(api), "{api}: {top}");
+    }
+    let compact = text(&run(&["compact", "--help"], b"").stdout);
+    assert!(compact.contains("--policy") && compact.contains("--config"), "{compact}");
+    assert!(!compact.contains("--listen") && !compact.contains("--upstream"), "{compact}");
+    let check = text(&run(&["check-config", "--help"], b"").stdout);
+    assert!(check.contains("--upstream") && check.contains("--config"), "{check}");
+    assert!(!check.contains("--report") && !check.contains("--policy"), "{check}");
+}
+
+#[test]
+fn c_is_short_for_config() {
+    let bad = temp_file("bad.toml", b"[policies.default]\nbudget_chars = 0\n");
+    let out = run(&["check-config", "-c", bad.to_str().unwrap()], b"");
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("policies.default.budget_chars"));
+}
+
+#[test]
+fn an_unknown_policy_lists_the_ones_there_are() {
+    let out = run(
+        &["compact", "-c", "examples/two-tenant.toml", "--policy", "nosuch"],
+        &std::fs::read(repo("examples/chat-body.json")).unwrap(),
+    );
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no policy named \"nosuch\""), "{stderr}");
+    assert!(stderr.contains("default, small"), "{stderr}");
+}
+
+#[test]
+fn a_misspelled_variable_is_reported_as_the_variable() {
+    let out = std::process::Command::new(crate::operator::BIN)
+        .args(["check-config"])
+        .env("COMPACTION_PROXY_SERVER__LISTN", "127.0.0.1:1")
+        .current_dir(repo(""))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("COMPACTION_PROXY_SERVER__LISTN (sets server.listn): unknown key; did you mean `listen`?"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bind_failure_is_said_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    // The bind fails, so serve exits: all it printed is there.
+    let out = run(&["serve", "--listen", &addr], b"");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.matches("cannot listen").count(), 1, "{stderr}");
+    assert!(stderr.contains(&format!("cannot listen on {addr}")), "{stderr}");
+}
+
+#[test]
+fn the_release_profile_ships_no_debug_info() {
+    let cargo = std::fs::read_to_string(repo("Cargo.toml")).unwrap();
+    let release = &cargo[cargo.find("[profile.release]").unwrap()..];
+    let release = &release[..release[1..].find("\n[").map_or(release.len(), |i| i + 1)];
+    assert!(release.contains("strip = \"debuginfo\""), "{release}");
+    assert!(release.contains("debug = false"), "{release}");
+}
