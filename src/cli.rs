@@ -140,9 +140,16 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         }) => {
             if cli.network.listen.is_some() || cli.network.upstream.is_some() {
-                eprintln!("note: --listen and --upstream do nothing for compact (it uses no network)");
+                eprintln!(
+                    "note: --listen and --upstream do nothing for compact (it uses no network)"
+                );
             }
-            compact(&args(NetworkArgs::default()), policy, format, report.then_some(json))
+            compact(
+                &args(NetworkArgs::default()),
+                policy,
+                format,
+                report.then_some(json),
+            )
         }
         Some(Command::CheckConfig { ref network }) => check_config(&args(network.clone())),
     }
@@ -191,12 +198,7 @@ fn check_config(args: &Args) -> anyhow::Result<ExitCode> {
                 let format = route
                     .format
                     .unwrap_or_else(|| crate::format::Format::for_path(&route.path));
-                println!(
-                    "  {} -> {} ({})",
-                    route.path,
-                    route.policy,
-                    format.as_str()
-                );
+                println!("  {} -> {} ({})", route.path, route.policy, format.as_str());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -283,7 +285,15 @@ fn compact(
     let max_messages = runtime.config.server.max_messages;
     let format = detected.unwrap_or_default();
     if let Some(json) = report {
-        return print_report(&input, &name, &policy, format, max_messages, json, &mut stdout);
+        return print_report(
+            &input,
+            &name,
+            &policy,
+            format,
+            max_messages,
+            json,
+            &mut stdout,
+        );
     }
     let outcome = match proxy::compact::outcome_of(
         &input,
@@ -611,7 +621,11 @@ async fn reload_on_sighup(state: Arc<AppState>, args: Args, overrides: Overrides
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
                     .join("; ");
-                tracing::error!(reason, problems = problems.as_str(), "configuration reload refused; the previous configuration stays in force");
+                tracing::error!(
+                    reason,
+                    problems = problems.as_str(),
+                    "configuration reload refused; the previous configuration stays in force"
+                );
             }
         }
     }

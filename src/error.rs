@@ -324,8 +324,13 @@ mod tests {
             ProxyError::UpstreamTimeout(1.0).to_string(),
             "upstream sent no response headers within 1 second"
         );
-        assert!(ProxyError::BodyTimeout(2.5).to_string().ends_with("for 2.5 seconds"));
-        assert_eq!(ProxyError::UpstreamTimeout(1.0).upstream_cause(), Some(UpstreamCause::Timeout));
+        assert!(ProxyError::BodyTimeout(2.5)
+            .to_string()
+            .ends_with("for 2.5 seconds"));
+        assert_eq!(
+            ProxyError::UpstreamTimeout(1.0).upstream_cause(),
+            Some(UpstreamCause::Timeout)
+        );
     }
 
     #[test]

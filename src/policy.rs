@@ -505,7 +505,8 @@ pub fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
         return Ok(addr);
     }
     use std::net::ToSocketAddrs;
-    let expected = "expected host:port such as 127.0.0.1:8080, localhost:8080, or :8080 for all interfaces";
+    let expected =
+        "expected host:port such as 127.0.0.1:8080, localhost:8080, or :8080 for all interfaces";
     match listen.to_socket_addrs() {
         // IPv4 first: `localhost` is what most users mean by 127.0.0.1.
         Ok(addrs) => {

@@ -65,7 +65,11 @@ use state::TunnelGuard;
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
     if let Err(refused) = server::check_request(&request) {
-        tracing::warn!(method = request.method().as_str(), code = refused.code(), "request refused: {refused}");
+        tracing::warn!(
+            method = request.method().as_str(),
+            code = refused.code(),
+            "request refused: {refused}"
+        );
         let (parts, body) = refused.to_response().into_parts();
         return Response::from_parts(parts, body::full(body));
     }

@@ -1163,9 +1163,7 @@ fn secrets_never_reach_the_logs_and_each_proxied_request_logs_one_line() {
     );
     let down_lines = request_lines(&down.stderr());
     assert!(
-        down_lines
-            .iter()
-            .all(|l| l["response_status"] == 502),
+        down_lines.iter().all(|l| l["response_status"] == 502),
         "{down_lines:?}"
     );
 }
@@ -1286,10 +1284,7 @@ fn log_levels_follow_how_each_request_ended() {
         .map(|l| {
             (
                 l["level"].as_str().unwrap_or_default().to_owned(),
-                l["ending"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
+                l["ending"].as_str().unwrap_or_default().to_owned(),
                 l["response_status"].to_string(),
             )
         })

@@ -295,9 +295,8 @@ fn the_chart_renders_the_same_policies_routes_and_tenants_as_the_binary() {
         chart.config.policies, binary.config.policies,
         "values.yaml's policies differ from the binary's:\n{rendered}"
     );
-    let routes = |rt: &compaction_proxy::policy::Runtime| {
-        serde_json::to_value(&rt.config.routes).unwrap()
-    };
+    let routes =
+        |rt: &compaction_proxy::policy::Runtime| serde_json::to_value(&rt.config.routes).unwrap();
     assert_eq!(routes(&chart), routes(&binary), "{rendered}");
     assert_eq!(
         chart.config.tenants.header, binary.config.tenants.header,
@@ -326,9 +325,18 @@ fn the_rendering_used_for_the_comparison_is_the_helpers() {
     )
     .unwrap();
     let toml = toml_of(&values);
-    assert!(toml.contains("[server]\nlisten = \"127.0.0.1:1\"\n"), "{toml}");
-    assert!(toml.contains("[policies.p]\nbudget_chars = 5\nkeep_roles = [\"system\"]\n"), "{toml}");
-    assert!(toml.contains("[[routes]]\npath = \"/a\"\npolicy = \"p\"\n"), "{toml}");
+    assert!(
+        toml.contains("[server]\nlisten = \"127.0.0.1:1\"\n"),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("[policies.p]\nbudget_chars = 5\nkeep_roles = [\"system\"]\n"),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("[[routes]]\npath = \"/a\"\npolicy = \"p\"\n"),
+        "{toml}"
+    );
     assert!(toml.contains("[tenants.policies]\n"), "{toml}");
     let rt = effective(Some(&toml));
     assert_eq!(rt.config.policies["p"].budget_chars, 5);
@@ -338,7 +346,11 @@ fn the_rendering_used_for_the_comparison_is_the_helpers() {
 fn the_chart_says_stable_mode_runs_and_what_left_out_keys_take() {
     for file in ["values.yaml", "README.md"] {
         let text = read(&chart_dir().join(file));
-        for stale in ["reserved", "the engine's default", "OpenAI-style chat-completions"] {
+        for stale in [
+            "reserved",
+            "the engine's default",
+            "OpenAI-style chat-completions",
+        ] {
             assert!(!text.contains(stale), "{file} still says {stale:?}");
         }
     }

@@ -57,9 +57,9 @@ fn named_paths(text: &str) -> Vec<String> {
         let path = c[1].trim_start_matches("../").trim_start_matches("./");
         let top = path.split('/').next().unwrap_or("");
         let is_repo_path = (TOP_DIRS.contains(&top) && path.contains('/'))
-            || path
-                .strip_suffix(".md")
-                .is_some_and(|name| !name.contains('/') && name.chars().all(|c| c.is_ascii_uppercase()));
+            || path.strip_suffix(".md").is_some_and(|name| {
+                !name.contains('/') && name.chars().all(|c| c.is_ascii_uppercase())
+            });
         if is_repo_path && !path.contains("...") {
             paths.push(path.to_owned());
         }
@@ -82,12 +82,17 @@ fn every_file_a_doc_names_exists() {
         }
     }
     assert!(checked > 20, "the scan found almost nothing ({checked})");
-    assert!(missing.is_empty(), "named but missing:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "named but missing:\n{}",
+        missing.join("\n")
+    );
 }
 
 #[test]
 fn the_path_scan_sees_mentions_and_links() {
-    let found = named_paths("see `docs/a.md`, [b](../src/b.rs) and `COMPACTION.md`, not `x/y` or `pin.rs`");
+    let found =
+        named_paths("see `docs/a.md`, [b](../src/b.rs) and `COMPACTION.md`, not `x/y` or `pin.rs`");
     assert_eq!(found, ["docs/a.md", "src/b.rs", "COMPACTION.md"]);
 }
 
@@ -106,17 +111,24 @@ fn every_metric_the_proxy_registers_is_documented() {
             registered.insert(rest.split(' ').next().unwrap().to_owned());
         }
     }
-    assert!(registered.len() > compaction_proxy::metrics::FAMILIES.len() || !cfg!(target_os = "linux"));
+    assert!(
+        registered.len() > compaction_proxy::metrics::FAMILIES.len() || !cfg!(target_os = "linux")
+    );
     let undocumented: Vec<&String> = registered
         .iter()
         .filter(|name| {
-            let short = name.strip_prefix("compaction_proxy").map(|s| format!("`{s}`"));
+            let short = name
+                .strip_prefix("compaction_proxy")
+                .map(|s| format!("`{s}`"));
             !doc.contains(&format!("`{name}`"))
                 && !doc.contains(&format!("`{name}{{"))
                 && !short.is_some_and(|s| doc.contains(&s))
         })
         .collect();
-    assert!(undocumented.is_empty(), "not in docs/headers-and-metrics.md: {undocumented:?}");
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/headers-and-metrics.md: {undocumented:?}"
+    );
 }
 
 /// The string literals in the body of the function `signature` in `text`.
@@ -135,10 +147,12 @@ fn literals_in_fn(text: &str, signature: &str) -> Vec<String> {
 /// Every skip reason the code can write: the format's `Skip::reason`, and
 /// the reasons the proxy writes itself.
 fn skip_reasons_in_code() -> BTreeSet<String> {
-    let mut reasons: BTreeSet<String> =
-        literals_in_fn(&read(&root().join("src/format/mod.rs")), "pub fn reason(&self)")
-            .into_iter()
-            .collect();
+    let mut reasons: BTreeSet<String> = literals_in_fn(
+        &read(&root().join("src/format/mod.rs")),
+        "pub fn reason(&self)",
+    )
+    .into_iter()
+    .collect();
     let mut files = Vec::new();
     sources(&root().join("src"), &mut files);
     let re = regex::Regex::new(r#"(?:Skipped|Skip|skipped)\("([a-z-]+)"\)"#).unwrap();
@@ -153,7 +167,9 @@ fn skip_reasons_in_code() -> BTreeSet<String> {
 
 /// The backticked words of the paragraph of `doc` that starts with `lead`.
 fn listed(doc: &str, lead: &str) -> BTreeSet<String> {
-    let start = doc.find(lead).unwrap_or_else(|| panic!("no {lead:?} paragraph"));
+    let start = doc
+        .find(lead)
+        .unwrap_or_else(|| panic!("no {lead:?} paragraph"));
     let paragraph = &doc[start..];
     let paragraph = &paragraph[..paragraph.find("\n\n").unwrap_or(paragraph.len())];
     let re = regex::Regex::new(r"`([a-z-]+)`").unwrap();
@@ -167,17 +183,22 @@ fn listed(doc: &str, lead: &str) -> BTreeSet<String> {
 fn every_skip_reason_is_listed_and_only_those() {
     let doc = read(&root().join("docs/headers-and-metrics.md"));
     let code = skip_reasons_in_code();
-    assert!(code.contains("invalid-json") && code.contains("not-post"), "{code:?}");
+    assert!(
+        code.contains("invalid-json") && code.contains("not-post"),
+        "{code:?}"
+    );
     assert_eq!(listed(&doc, "Skip reasons ("), code);
 }
 
 #[test]
 fn every_refusal_reason_is_listed_and_only_those() {
     let doc = read(&root().join("docs/headers-and-metrics.md"));
-    let code: BTreeSet<String> =
-        literals_in_fn(&read(&root().join("src/error.rs")), "pub fn refusal_reason(&self)")
-            .into_iter()
-            .collect();
+    let code: BTreeSet<String> = literals_in_fn(
+        &read(&root().join("src/error.rs")),
+        "pub fn refusal_reason(&self)",
+    )
+    .into_iter()
+    .collect();
     assert!(code.contains("body-too-large"), "{code:?}");
     assert_eq!(listed(&doc, "Refusal reasons ("), code);
 }
@@ -202,7 +223,10 @@ fn docs_speak_to_users() {
 fn the_documented_error_type_is_the_one_the_api_sends() {
     let doc = read(&root().join("docs/compaction.md"));
     let invalid = compaction_proxy::error::ProxyError::BodyTooLarge { limit: 1 }.kind();
-    assert!(doc.contains(&format!("\"type\": \"{invalid}\"")), "docs/compaction.md");
+    assert!(
+        doc.contains(&format!("\"type\": \"{invalid}\"")),
+        "docs/compaction.md"
+    );
     assert!(!doc.contains("\"type\": \"invalid_request\""));
 }
 

@@ -21,8 +21,12 @@ fn builtin_routes() -> Vec<(String, String)> {
 fn anthropic_body() -> String {
     let mut messages = Vec::new();
     for i in 0..40 {
-        messages.push(json!({"role": "user", "content": format!("question {i}: {}", "words ".repeat(60))}));
-        messages.push(json!({"role": "assistant", "content": format!("answer {i}: {}", "more ".repeat(60))}));
+        messages.push(
+            json!({"role": "user", "content": format!("question {i}: {}", "words ".repeat(60))}),
+        );
+        messages.push(
+            json!({"role": "assistant", "content": format!("answer {i}: {}", "more ".repeat(60))}),
+        );
     }
     messages.push(json!({"role": "user", "content": "and now?"}));
     json!({"model": "claude", "max_tokens": 10, "messages": messages}).to_string()
@@ -46,10 +50,7 @@ fn check_config_lists_the_file_routes_then_the_built_in_ones() {
         stdout.contains(&format!("{} routes", builtin.len())),
         "the file's one route overrides a built-in one of the same path: {stdout}"
     );
-    let listed: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("  /"))
-        .collect();
+    let listed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("  /")).collect();
     assert_eq!(listed.len(), builtin.len(), "{stdout}");
     assert!(
         listed[0].starts_with("  /v1/chat/completions -> default (chat)"),
@@ -157,7 +158,11 @@ async fn an_unmatched_post_to_an_api_path_is_noted_once_at_info() {
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
     let (mut child, addr, log) = serve(&["--upstream", &upstream.url()]).await;
     let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    for path in ["/llm/chat/completions", "/other/chat/completions", "/v1/embeddings"] {
+    for path in [
+        "/llm/chat/completions",
+        "/other/chat/completions",
+        "/v1/embeddings",
+    ] {
         let answer = send(post_json(&format!("http://{addr}{path}"), chat.clone())).await;
         assert_eq!(answer.status, 200);
         assert_eq!(answer.header("x-compaction-status"), None);
@@ -168,7 +173,11 @@ async fn an_unmatched_post_to_an_api_path_is_noted_once_at_info() {
     })
     .await;
     // Another API's path is noted on its own.
-    let _ = send(post_json(&format!("http://{addr}/llm/messages"), chat.clone())).await;
+    let _ = send(post_json(
+        &format!("http://{addr}/llm/messages"),
+        chat.clone(),
+    ))
+    .await;
     let both = wait_until(std::time::Duration::from_secs(3), || {
         noted(&std::fs::read_to_string(&log).unwrap()) == 2
     })
@@ -177,7 +186,10 @@ async fn an_unmatched_post_to_an_api_path_is_noted_once_at_info() {
     let _ = child.wait();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(both, "{text}");
-    let line = text.lines().find(|l| l.contains("matched no route")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("matched no route"))
+        .unwrap();
     assert!(line.contains("INFO"), "{line}");
     assert!(line.contains("/llm/chat/completions"), "{line}");
     assert!(line.contains("uncompacted"), "{line}");
@@ -219,7 +231,11 @@ async fn a_refused_request_is_marked_and_counted_as_refused_not_skipped() {
     )
     .await;
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(500)}]});
-    let answer = send(post_json(&proxy.url("/v1/chat/completions"), body.to_string())).await;
+    let answer = send(post_json(
+        &proxy.url("/v1/chat/completions"),
+        body.to_string(),
+    ))
+    .await;
     assert_eq!(answer.status, 413);
     assert_eq!(
         answer.header("x-compaction-status"),
@@ -260,8 +276,17 @@ fn the_report_is_a_line_per_message_and_json_on_request() {
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     // A summary, a header, then one line per input message.
-    assert_eq!(lines.len(), messages + 2, "{}", &stdout[..stdout.len().min(2000)]);
-    assert!(lines[0].starts_with("policy default: compacted; "), "{}", lines[0]);
+    assert_eq!(
+        lines.len(),
+        messages + 2,
+        "{}",
+        &stdout[..stdout.len().min(2000)]
+    );
+    assert!(
+        lines[0].starts_with("policy default: compacted; "),
+        "{}",
+        lines[0]
+    );
     for (i, line) in lines[2..].iter().enumerate() {
         let mut words = line.split_whitespace();
         assert_eq!(words.next(), Some(i.to_string().as_str()), "{line}");
@@ -269,7 +294,10 @@ fn the_report_is_a_line_per_message_and_json_on_request() {
         assert!(["kept", "trimmed", "dropped"].contains(&fate), "{line}");
         assert!(line.len() < 400, "readable in a terminal: {line}");
     }
-    let json = run(&["compact", "--policy", "default", "--report", "--json"], &chat);
+    let json = run(
+        &["compact", "--policy", "default", "--report", "--json"],
+        &chat,
+    );
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(report["messages"].as_array().unwrap().len(), messages);
 }
@@ -279,7 +307,11 @@ fn check_config_refuses_a_blank_file_as_a_reload_does() {
     let blank = temp_file("blank.toml", b"# nothing yet\n\n");
     let out = run(&["check-config", "--config", blank.to_str().unwrap()], b"");
     assert!(!out.status.success(), "{}", text(&out.stdout));
-    assert!(text(&out.stderr).contains("sets nothing"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("sets nothing"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -289,7 +321,10 @@ fn check_config_refuses_a_blank_file_as_a_reload_does() {
 #[test]
 fn listen_takes_host_names_and_a_bare_port() {
     use compaction_proxy::policy::parse_listen;
-    assert_eq!(parse_listen("127.0.0.1:8080").unwrap().to_string(), "127.0.0.1:8080");
+    assert_eq!(
+        parse_listen("127.0.0.1:8080").unwrap().to_string(),
+        "127.0.0.1:8080"
+    );
     assert_eq!(parse_listen(":8080").unwrap().to_string(), "0.0.0.0:8080");
     assert!(parse_listen("localhost:8080").unwrap().ip().is_loopback());
     assert!(parse_listen(":http").is_err());
@@ -319,7 +354,11 @@ fn a_bare_port_listens_everywhere_and_says_so() {
 // control headers: read by the proxy, kept from the provider
 // ---------------------------------------------------------------------------
 
-fn with_headers(url: &str, body: String, headers: &[(&str, &str)]) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+fn with_headers(
+    url: &str,
+    body: String,
+    headers: &[(&str, &str)],
+) -> http::Request<http_body_util::Full<bytes::Bytes>> {
     let mut request = post_json(url, body);
     for (name, value) in headers {
         request.headers_mut().insert(
@@ -337,10 +376,24 @@ async fn yes_spellings_count_and_a_refused_report_says_so() {
     let url = proxy.url("/v1/chat/completions");
     let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
     for yes in ["1", "yes", "TRUE", "on"] {
-        let answer = send(with_headers(&url, chat.clone(), &[("x-compaction-bypass", yes)])).await;
-        assert_eq!(answer.header("x-compaction-status"), Some("bypassed"), "{yes}");
+        let answer = send(with_headers(
+            &url,
+            chat.clone(),
+            &[("x-compaction-bypass", yes)],
+        ))
+        .await;
+        assert_eq!(
+            answer.header("x-compaction-status"),
+            Some("bypassed"),
+            "{yes}"
+        );
     }
-    let answer = send(with_headers(&url, chat.clone(), &[("x-compaction-bypass", "no")])).await;
+    let answer = send(with_headers(
+        &url,
+        chat.clone(),
+        &[("x-compaction-bypass", "no")],
+    ))
+    .await;
     assert_eq!(answer.header("x-compaction-status"), Some("unchanged"));
     // The default policy keeps no reports: the status says why none came.
     let answer = send(with_headers(&url, chat, &[("x-compaction-report", "1")])).await;
@@ -366,14 +419,22 @@ async fn the_proxys_own_headers_do_not_reach_the_upstream() {
         send(with_headers(&proxy.url(path), chat.clone(), &control)).await;
         let got = upstream.last().headers;
         for name in ["x-tenant-id", "x-compaction-bypass", "x-compaction-report"] {
-            assert!(got.get(name).is_none(), "{name} reached the upstream on {path}");
+            assert!(
+                got.get(name).is_none(),
+                "{name} reached the upstream on {path}"
+            );
         }
         assert_eq!(got["x-other"], "kept");
         assert!(got.get("authorization").is_some());
     }
     // Upstreams that read the tenant header too can be given it.
     let proxy = TestProxy::start("[tenants]\nforward_header = true", &upstream.url()).await;
-    send(with_headers(&proxy.url("/v1/chat/completions"), chat, &control)).await;
+    send(with_headers(
+        &proxy.url("/v1/chat/completions"),
+        chat,
+        &control,
+    ))
+    .await;
     let got = upstream.last().headers;
     assert_eq!(got["x-tenant-id"], "acme");
     assert!(got.get("x-compaction-report").is_none());
@@ -397,11 +458,19 @@ async fn json_logs_are_flat_and_carry_the_request_id_which_is_returned() {
     .await;
     let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
     let url = format!("http://{addr}/v1/chat/completions");
-    let given = send(with_headers(&url, chat.clone(), &[("x-request-id", "req-given-1")])).await;
+    let given = send(with_headers(
+        &url,
+        chat.clone(),
+        &[("x-request-id", "req-given-1")],
+    ))
+    .await;
     assert_eq!(given.status, 502);
     assert_eq!(given.header("x-request-id"), Some("req-given-1"));
     let made = send(post_json(&url, chat)).await;
-    let made_id = made.header("x-request-id").expect("an id is made").to_owned();
+    let made_id = made
+        .header("x-request-id")
+        .expect("an id is made")
+        .to_owned();
     assert_eq!(made_id.len(), 32, "{made_id}");
     let logged = wait_until(std::time::Duration::from_secs(5), || {
         std::fs::read_to_string(&log).unwrap().contains(&made_id)
@@ -444,13 +513,26 @@ async fn text_logs_quote_every_string_and_keep_an_event_on_one_line() {
     ])
     .await;
     let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let answer = send(post_json(&format!("http://{addr}/v1/chat/completions"), chat)).await;
+    let answer = send(post_json(
+        &format!("http://{addr}/v1/chat/completions"),
+        chat,
+    ))
+    .await;
     assert_eq!(answer.status, 504);
-    assert!(answer.json()["error"]["message"].as_str().unwrap().ends_with("within 1 second"));
+    assert!(answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .ends_with("within 1 second"));
     // A refused reload: the problems on the one line of its event.
-    std::fs::write(&config, "[policies.default]\nbudget_chars = 0\nkeep_lst_n = 1\n").unwrap();
+    std::fs::write(
+        &config,
+        "[policies.default]\nbudget_chars = 0\nkeep_lst_n = 1\n",
+    )
+    .unwrap();
     let refused = wait_until(std::time::Duration::from_secs(8), || {
-        std::fs::read_to_string(&log).unwrap().contains("reload refused")
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("reload refused")
     })
     .await;
     let _ = child.kill();
@@ -475,7 +557,10 @@ async fn text_logs_quote_every_string_and_keep_an_event_on_one_line() {
         assert!(request.contains(part), "{part} missing: {request}");
     }
     let reload = text.lines().find(|l| l.contains("reload refused")).unwrap();
-    assert!(reload.contains("budget_chars") && reload.contains("keep_lst_n"), "{reload}");
+    assert!(
+        reload.contains("budget_chars") && reload.contains("keep_lst_n"),
+        "{reload}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -488,17 +573,26 @@ fn compact_tells_the_format_from_the_body() {
     use compaction_proxy::format::Format;
     let detect = |v: serde_json::Value| detect_format(&v);
     assert_eq!(detect(json!({"budget_chars": 10, "messages": []})), None);
-    assert_eq!(detect(json!({"model": "m", "input": "hi"})), Some(Format::Responses));
     assert_eq!(
-        detect(json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})),
+        detect(json!({"model": "m", "input": "hi"})),
+        Some(Format::Responses)
+    );
+    assert_eq!(
+        detect(
+            json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
+        ),
         Some(Format::Chat)
     );
     assert_eq!(
-        detect(json!({"system": "s", "max_tokens": 5, "messages": [{"role": "user", "content": "u"}]})),
+        detect(
+            json!({"system": "s", "max_tokens": 5, "messages": [{"role": "user", "content": "u"}]})
+        ),
         Some(Format::Anthropic)
     );
     assert_eq!(
-        detect(json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]})),
+        detect(
+            json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]})
+        ),
         Some(Format::Anthropic)
     );
 
@@ -506,8 +600,12 @@ fn compact_tells_the_format_from_the_body() {
     // read as a memory-compact request.
     let mut input = Vec::new();
     for i in 0..60 {
-        input.push(json!({"role": "user", "content": format!("turn {i}: {}", "words ".repeat(400))}));
-        input.push(json!({"role": "assistant", "content": format!("reply {i}: {}", "more ".repeat(400))}));
+        input.push(
+            json!({"role": "user", "content": format!("turn {i}: {}", "words ".repeat(400))}),
+        );
+        input.push(
+            json!({"role": "assistant", "content": format!("reply {i}: {}", "more ".repeat(400))}),
+        );
     }
     let body = json!({"model": "m", "input": input}).to_string();
     let out = run(&["compact", "--policy", "default"], body.as_bytes());
@@ -515,7 +613,10 @@ fn compact_tells_the_format_from_the_body() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("format: responses"), "{stderr}");
     let forwarded: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(forwarded["input"].as_array().unwrap().len() < 120, "{stderr}");
+    assert!(
+        forwarded["input"].as_array().unwrap().len() < 120,
+        "{stderr}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -525,15 +626,31 @@ fn compact_tells_the_format_from_the_body() {
 #[test]
 fn help_names_all_three_apis_and_only_the_flags_a_command_reads() {
     let top = text(&run(&["--help"], b"").stdout);
-    for api in ["OpenAI chat completions", "Anthropic Messages", "OpenAI Responses"] {
+    for api in [
+        "OpenAI chat completions",
+        "Anthropic Messages",
+        "OpenAI Responses",
+    ] {
         assert!(top.contains(api), "{api}: {top}");
     }
     let compact = text(&run(&["compact", "--help"], b"").stdout);
-    assert!(compact.contains("--policy") && compact.contains("--config"), "{compact}");
-    assert!(!compact.contains("--listen") && !compact.contains("--upstream"), "{compact}");
+    assert!(
+        compact.contains("--policy") && compact.contains("--config"),
+        "{compact}"
+    );
+    assert!(
+        !compact.contains("--listen") && !compact.contains("--upstream"),
+        "{compact}"
+    );
     let check = text(&run(&["check-config", "--help"], b"").stdout);
-    assert!(check.contains("--upstream") && check.contains("--config"), "{check}");
-    assert!(!check.contains("--report") && !check.contains("--policy"), "{check}");
+    assert!(
+        check.contains("--upstream") && check.contains("--config"),
+        "{check}"
+    );
+    assert!(
+        !check.contains("--report") && !check.contains("--policy"),
+        "{check}"
+    );
 }
 
 #[test]
@@ -547,7 +664,13 @@ fn c_is_short_for_config() {
 #[test]
 fn an_unknown_policy_lists_the_ones_there_are() {
     let out = run(
-        &["compact", "-c", "examples/two-tenant.toml", "--policy", "nosuch"],
+        &[
+            "compact",
+            "-c",
+            "examples/two-tenant.toml",
+            "--policy",
+            "nosuch",
+        ],
         &std::fs::read(repo("examples/chat-body.json")).unwrap(),
     );
     assert!(!out.status.success());
@@ -581,7 +704,10 @@ fn a_bind_failure_is_said_once() {
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert_eq!(stderr.matches("cannot listen").count(), 1, "{stderr}");
-    assert!(stderr.contains(&format!("cannot listen on {addr}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -103,7 +103,9 @@ async fn silent_and_resetting_upstreams_are_counted_by_cause() {
         )
     };
     assert!(
-        wait_until(std::time::Duration::from_secs(2), || failures("timeout") == 2.0).await,
+        wait_until(std::time::Duration::from_secs(2), || failures("timeout")
+            == 2.0)
+        .await,
         "{}",
         proxy.state.metrics.render()
     );
