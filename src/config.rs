@@ -1013,7 +1013,10 @@ mod tests {
         let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(
             paths,
-            ["COMPACTION_PROXY_SERVR__LISTEN", "server.listn"],
+            [
+                "COMPACTION_PROXY_SERVR__LISTEN",
+                "COMPACTION_PROXY_SERVER__LISTN (sets server.listn)"
+            ],
             "{err}"
         );
     }
