@@ -88,9 +88,11 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     let mut request = request;
     let request_id = headers::request_id(request.headers_mut());
     let mut response = Box::pin(proxy_request(state, request, request_id.clone())).await;
+    // An upstream's own id (OpenAI answers with one) is passed on as it came.
     response
         .headers_mut()
-        .insert(headers::REQUEST_ID, request_id);
+        .entry(headers::REQUEST_ID)
+        .or_insert(request_id);
     response
 }
 
