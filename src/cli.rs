@@ -20,55 +20,89 @@ use crate::proxy::{self, AppState};
 #[command(
     name = "compaction-proxy",
     version,
-    about = "Compacts chat histories on their way to an OpenAI-compatible API"
+    about = "A reverse proxy that compacts LLM conversation histories (OpenAI chat completions and compatible servers, Anthropic Messages, OpenAI Responses) to a budget on their way upstream, and reports what it removed",
+    args_conflicts_with_subcommands = false
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Global: valid before or after the subcommand, so
+    /// `--config` is global: valid before or after the subcommand, so
     /// `compaction-proxy --config f.toml check-config` checks `f.toml`.
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// For `serve` (the default) and `check-config`, given before the
+    /// subcommand.
+    #[command(flatten)]
+    pub network: NetworkArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (the default).
-    Serve,
-    /// Compact one request read from stdin, offline.
+    Serve {
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
+    /// Compact one request read from stdin, offline (no network).
     Compact {
         /// Policy for API bodies (default: the first route's).
-        #[arg(long)]
+        #[arg(long, short = 'p')]
         policy: Option<String>,
-        /// The body's format: chat, anthropic or responses (default: chat
-        /// for a body with `messages`; a body with `budget_chars` is a
+        /// The body's format: chat, anthropic or responses (default: from
+        /// the body's shape: `input` is responses, `messages` with a
+        /// top-level `system` or Anthropic content blocks is anthropic,
+        /// other `messages` chat; a body with `budget_chars` is a
         /// memory-compact request).
         #[arg(long)]
         format: Option<crate::format::Format>,
-        /// For an API body: print the per-message report (kept, trimmed or
-        /// dropped, with stage and reason) as JSON instead of the body.
+        /// For an API body: print the per-message report instead of the
+        /// body, one line per message (kept, trimmed or dropped, stage,
+        /// chars, reason).
         #[arg(long)]
         report: bool,
+        /// With --report: the report as one JSON document (loss figures,
+        /// every message's fate and tool-call decisions).
+        #[arg(long, requires = "report")]
+        json: bool,
     },
-    /// Validate the configuration and print every problem.
-    CheckConfig,
+    /// Validate the configuration (file, environment and flags) and print
+    /// every problem, or the routes in force.
+    CheckConfig {
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
 }
 
-/// The flags every command reads the configuration with.
+/// The flag every command reads the configuration with.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct GlobalArgs {
     /// TOML file layered over the embedded default.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, short = 'c', global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address to listen on, e.g. 127.0.0.1:8080.
-    #[arg(long, global = true, value_name = "ADDR")]
+}
+
+/// The flags of the commands that listen or forward.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NetworkArgs {
+    /// Address to listen on: 127.0.0.1:8080, localhost:8080, or :8080 for
+    /// every interface.
+    #[arg(long, short = 'l', value_name = "ADDR")]
     pub listen: Option<String>,
     /// Upstream base URL, e.g. https://api.openai.com or http://vllm:8000/v1.
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(long, short = 'u', value_name = "URL")]
     pub upstream: Option<String>,
 }
 
-impl GlobalArgs {
+impl NetworkArgs {
+    /// These flags, each given after the subcommand winning over the same
+    /// given before it.
+    fn or(self, before: NetworkArgs) -> NetworkArgs {
+        NetworkArgs {
+            listen: self.listen.or(before.listen),
+            upstream: self.upstream.or(before.upstream),
+        }
+    }
+
     fn overrides(&self) -> Overrides {
         Overrides {
             listen: self.listen.clone(),
@@ -77,25 +111,81 @@ impl GlobalArgs {
     }
 }
 
+/// What a command reads its configuration with.
+#[derive(Debug, Clone, Default)]
+struct Args {
+    config: Option<PathBuf>,
+    network: NetworkArgs,
+}
+
+impl Args {
+    fn overrides(&self) -> Overrides {
+        self.network.overrides()
+    }
+}
+
 /// Runs the parsed command; the exit code says whether it succeeded.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let args = |network: NetworkArgs| Args {
+        config: cli.global.config.clone(),
+        network: network.or(cli.network.clone()),
+    };
     match cli.command {
-        None | Some(Command::Serve) => serve(cli.global),
+        None => serve(args(NetworkArgs::default())),
+        Some(Command::Serve { ref network }) => serve(args(network.clone())),
         Some(Command::Compact {
             policy,
             format,
             report,
-        }) => compact(&cli.global, policy, format, report),
-        Some(Command::CheckConfig) => check_config(&cli.global),
+            json,
+        }) => {
+            if cli.network.listen.is_some() || cli.network.upstream.is_some() {
+                eprintln!(
+                    "note: --listen and --upstream do nothing for compact (it uses no network)"
+                );
+            }
+            compact(
+                &args(NetworkArgs::default()),
+                policy,
+                format,
+                report.then_some(json),
+            )
+        }
+        Some(Command::CheckConfig { ref network }) => check_config(&args(network.clone())),
     }
 }
 
 fn load(file: Option<&PathBuf>, overrides: &Overrides) -> Result<Runtime, ConfigErrors> {
     Runtime::load(file.map(PathBuf::as_path), std::env::vars(), overrides)
+        .map_err(|e| name_flags(e, overrides))
 }
 
-fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
-    match load(args.config.as_ref(), &args.overrides()) {
+/// A problem with a value that came from a flag names the flag, not only
+/// the key it sets.
+fn name_flags(mut errors: ConfigErrors, overrides: &Overrides) -> ConfigErrors {
+    for problem in &mut errors.0 {
+        let flag = match problem.path.as_str() {
+            "server.listen" if overrides.listen.is_some() => "--listen",
+            "upstream.url" if overrides.upstream.is_some() => "--upstream",
+            _ => continue,
+        };
+        problem.path = format!("{flag} (sets {})", problem.path);
+    }
+    errors
+}
+
+fn check_config(args: &Args) -> anyhow::Result<ExitCode> {
+    // What a running proxy would do with the file: a reload refuses a
+    // blank one, so check-config does too.
+    let checked = match &args.config {
+        Some(path) => config::read_file(path).and_then(|text| {
+            refuse_blank(path, &text)?;
+            Runtime::load_text(Some(&text), std::env::vars(), &args.overrides())
+                .map_err(|e| name_flags(e, &args.overrides()))
+        }),
+        None => load(None, &args.overrides()),
+    };
+    match checked {
         Ok(rt) => {
             println!(
                 "configuration OK: {} policies, {} routes, upstream {}",
@@ -103,6 +193,13 @@ fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
                 rt.config.routes.len(),
                 rt.upstream
             );
+            println!("routes, first match wins (other paths pass through uncompacted):");
+            for route in &rt.config.routes {
+                let format = route
+                    .format
+                    .unwrap_or_else(|| crate::format::Format::for_path(&route.path));
+                println!("  {} -> {} ({})", route.path, route.policy, format.as_str());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {
@@ -113,10 +210,11 @@ fn check_config(args: &GlobalArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn compact(
-    args: &GlobalArgs,
+    args: &Args,
     policy: Option<String>,
     format: Option<crate::format::Format>,
-    report: bool,
+    // `Some(json)`: print the report (as JSON when true) instead of the body.
+    report: Option<bool>,
 ) -> anyhow::Result<ExitCode> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
@@ -128,9 +226,21 @@ fn compact(
         }
     };
     let mut stdout = std::io::stdout().lock();
-    let memory_compact_request =
-        value.get("budget_chars").is_some() || value.get("messages").is_none();
-    if format.is_none() && memory_compact_request {
+    let detected = match format {
+        Some(format) => Some(format),
+        None => {
+            let detected = detect_format(&value);
+            // Chat is the default the docs give; another API is said.
+            if let Some(format) = detected.filter(|f| *f != crate::format::Format::Chat) {
+                eprintln!(
+                    "format: {} (from the body's shape; --format chat|anthropic|responses to choose)",
+                    format.as_str()
+                );
+            }
+            detected
+        }
+    };
+    if detected.is_none() {
         // The memory-compact API's request: print exactly what the API answers.
         return match memory_compact::validate(&value) {
             Ok(request) => {
@@ -163,15 +273,27 @@ fn compact(
         .or_else(|| runtime.config.routes.first().map(|r| r.policy.clone()))
         .unwrap_or_else(|| "default".into());
     let Some(policy) = runtime.policy(&name) else {
-        eprintln!("error: no policy named {name:?}");
+        let known: Vec<&str> = runtime.config.policies.keys().map(String::as_str).collect();
+        eprintln!(
+            "error: no policy named {name:?}; the policies are: {}",
+            known.join(", ")
+        );
         return Ok(ExitCode::FAILURE);
     };
     // As the proxy decides (same code): what cannot be compacted, and
     // everything under a dry-run policy, is forwarded as it came.
     let max_messages = runtime.config.server.max_messages;
-    let format = format.unwrap_or_default();
-    if report {
-        return print_report(&input, &name, &policy, format, max_messages, &mut stdout);
+    let format = detected.unwrap_or_default();
+    if let Some(json) = report {
+        return print_report(
+            &input,
+            &name,
+            &policy,
+            format,
+            max_messages,
+            json,
+            &mut stdout,
+        );
     }
     let outcome = match proxy::compact::outcome_of(
         &input,
@@ -210,20 +332,64 @@ fn compact(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `compact --report`: one line per input message (kept, trimmed or
-/// dropped, by which stage and why) with the loss figures, as JSON.
+/// The API a body is for, from its shape; `None` for a memory-compact
+/// request (`budget_chars`, or no conversation at all). A Responses body
+/// has `input`; a Messages body `messages` with a top-level `system`, or
+/// content blocks only Anthropic has; any other `messages` body is chat.
+pub fn detect_format(body: &serde_json::Value) -> Option<crate::format::Format> {
+    use crate::format::Format;
+    if body.get("budget_chars").is_some() {
+        return None;
+    }
+    let Some(messages) = body.get("messages").and_then(|m| m.as_array()) else {
+        return body.get("input").is_some().then_some(Format::Responses);
+    };
+    let chat_roles = ["system", "developer", "tool", "function"];
+    let anthropic_blocks = [
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "redacted_thinking",
+        "document",
+    ];
+    fn role(m: &serde_json::Value) -> &str {
+        m.get("role").and_then(|r| r.as_str()).unwrap_or("")
+    }
+    if messages.iter().any(|m| chat_roles.contains(&role(m))) {
+        return Some(Format::Chat);
+    }
+    let anthropic_block = messages
+        .iter()
+        .filter_map(|m| m.get("content")?.as_array())
+        .flatten()
+        .filter_map(|block| block.get("type")?.as_str())
+        .any(|kind| anthropic_blocks.contains(&kind));
+    if body.get("system").is_some() || anthropic_block {
+        return Some(Format::Anthropic);
+    }
+    Some(Format::Chat)
+}
+
+/// `compact --report`: a line of loss figures, then one line per input
+/// message (kept, trimmed or dropped, by which stage, chars, why); with
+/// `--json` the whole report as one JSON document.
 fn print_report(
     input: &[u8],
     name: &str,
     policy: &crate::policy::CompiledPolicy,
     format: crate::format::Format,
     max_messages: usize,
+    json: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
     match crate::explain::report_for(input, name, policy, format, max_messages) {
-        Ok(document) => {
+        Ok(document) if json => {
             serde_json::to_writer_pretty(&mut *out, &document)?;
             writeln!(out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(document) => {
+            write_report_lines(&document, out)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(skip) => {
@@ -233,7 +399,59 @@ fn print_report(
     }
 }
 
-fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
+/// The report for a terminal: a summary line, a header, then a line per
+/// message.
+fn write_report_lines(
+    report: &crate::explain::RequestReport<'_>,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    let loss = &report.loss;
+    writeln!(
+        out,
+        "policy {}: {}; {} -> {} messages ({} dropped, {} deduped, {} trimmed), {} -> {} chars, retained {:.4}, budget {}",
+        report.policy,
+        report.status,
+        loss.input_messages,
+        loss.output_messages,
+        loss.dropped_messages,
+        loss.deduped_messages,
+        loss.trimmed_messages,
+        loss.input_chars,
+        loss.output_chars,
+        loss.retained_ratio,
+        if loss.budget_met { "met" } else { "missed" },
+    )?;
+    writeln!(
+        out,
+        "{:>5}  {:<9}  {:<7}  {:<6}  {:>15}  reason",
+        "#", "role", "fate", "stage", "chars"
+    )?;
+    let word = |value: serde_json::Value| value.as_str().unwrap_or("?").to_owned();
+    for m in &report.messages {
+        let mut reason = m.reason.replace(['\n', '\r'], " ");
+        if let Some(decision) = m.decision {
+            let decision = word(serde_json::to_value(decision).unwrap_or_default());
+            reason.push_str(&format!(" [tool result: {decision}]"));
+        }
+        for call in &m.tool_calls {
+            let decision = word(serde_json::to_value(call.decision).unwrap_or_default());
+            reason.push_str(&format!(" [call {} {}: {decision}]", call.name, call.id));
+        }
+        writeln!(
+            out,
+            "{:>5}  {:<9}  {:<7}  {:<6}  {:>15}  {}",
+            m.index,
+            word(serde_json::to_value(m.role).unwrap_or_default()),
+            word(serde_json::to_value(m.fate).unwrap_or_default()),
+            m.stage.unwrap_or("-"),
+            format!("{}/{}", m.chars, m.original_chars),
+            reason
+        )?;
+    }
+    Ok(())
+}
+
+fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let overrides = args.overrides();
     let runtime = match load(args.config.as_ref(), &overrides) {
         Ok(rt) => rt,
@@ -259,11 +477,22 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
         let listener = match tokio::net::TcpListener::bind(runtime.listen).await {
             Ok(listener) => listener,
             Err(e) => {
-                tracing::error!(listen = %runtime.listen, error = %e, "cannot listen");
-                eprintln!("error: cannot listen on {}: {e}", runtime.listen);
+                // Said once, in the log (stderr).
+                tracing::error!(
+                    listen = runtime.listen.to_string().as_str(),
+                    "cannot listen on {}: {e}",
+                    runtime.listen
+                );
                 return Ok(ExitCode::FAILURE);
             }
         };
+        if runtime.config.server.listen.starts_with(':') {
+            tracing::warn!(
+                listen = %runtime.listen,
+                "listening on every interface ({} given): anyone who can reach this host can use the proxy",
+                runtime.config.server.listen
+            );
+        }
         let names = |keys: Vec<&String>| {
             keys.iter()
                 .map(|k| k.as_str())
@@ -277,13 +506,14 @@ fn serve(args: GlobalArgs) -> anyhow::Result<ExitCode> {
             .map(|r| format!("{}->{}", r.path, r.policy))
             .collect::<Vec<_>>()
             .join(",");
+        // String fields as &str: quoted in text, as the request lines are.
         tracing::info!(
-            listen = %listener.local_addr()?,
-            upstream = %runtime.upstream,
-            config = %args.config.as_ref().map_or("(embedded default)".into(), |p| p.display().to_string()),
-            policies = %names(runtime.config.policies.keys().collect()),
-            routes = %routes,
-            tenants = %names(runtime.config.tenants.policies.keys().collect()),
+            listen = listener.local_addr()?.to_string().as_str(),
+            upstream = runtime.upstream.to_string().as_str(),
+            config = args.config.as_ref().map_or("(embedded default)".into(), |p| p.display().to_string()).as_str(),
+            policies = names(runtime.config.policies.keys().collect()).as_str(),
+            routes = routes.as_str(),
+            tenants = names(runtime.config.tenants.policies.keys().collect()).as_str(),
             "compaction-proxy listening"
         );
         let state = AppState::new(runtime);
@@ -311,7 +541,8 @@ fn init_logging(format: LogFormat) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(crate::log_buffer::Stderr);
     match format {
-        LogFormat::Json => builder.json().init(),
+        // Flat: a request's fields beside its message, not under `fields`.
+        LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
     }
 }
@@ -334,7 +565,7 @@ const CONFIG_POLL: Duration = Duration::from_secs(1);
 /// modification time and size on two polls in a row), so a rewrite is not
 /// caught halfway. A bad or blank file is refused with its problems
 /// logged; the configuration in force stays.
-async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Overrides) {
+async fn reload_on_sighup(state: Arc<AppState>, args: Args, overrides: Overrides) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(hup) => Some(hup),
@@ -382,10 +613,37 @@ async fn reload_on_sighup(state: Arc<AppState>, args: GlobalArgs, overrides: Ove
             }
             Err(errors) => {
                 state.metrics.config_reload(crate::metrics::RELOAD_REFUSED);
-                tracing::error!(reason, problems = %errors, "configuration reload refused; the previous configuration stays in force");
+                // One line per event: the problems joined, not the
+                // multi-line list check-config prints.
+                let problems = errors
+                    .0
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                tracing::error!(
+                    reason,
+                    problems = problems.as_str(),
+                    "configuration reload refused; the previous configuration stays in force"
+                );
             }
         }
     }
+}
+
+/// A file that sets nothing (empty, or comments only: what a truncated
+/// file looks like) is refused by reloads and check-config alike.
+fn refuse_blank(path: &std::path::Path, text: &str) -> Result<(), ConfigErrors> {
+    if config::is_blank(text) {
+        return Err(ConfigErrors::one(
+            "",
+            format!(
+                "{} sets nothing (empty, or comments only); an empty file is never reloaded",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Keeps a restart-only setting as it runs, noting `key` when the file
@@ -414,15 +672,7 @@ pub fn reload(
 ) -> Result<Runtime, ConfigErrors> {
     let text = file.map(|p| config::read_file(p)).transpose()?;
     if let (Some(path), Some(text)) = (file, &text) {
-        if config::is_blank(text) {
-            return Err(ConfigErrors::one(
-                "",
-                format!(
-                    "{} sets nothing (empty, or comments only); an empty file is never reloaded",
-                    path.display()
-                ),
-            ));
-        }
+        refuse_blank(path, text)?;
     }
     let mut runtime = Runtime::load_text(text.as_deref(), std::env::vars(), overrides)?;
     // Restart-only settings stay as they are in force, each change logged:

@@ -449,6 +449,9 @@ pub struct TenantsConfig {
     pub header: String,
     /// Tenant -> policy; overrides the route's policy.
     pub policies: BTreeMap<String, String>,
+    /// Pass the tenant header on to the upstream (for upstreams that read
+    /// the same header); by default the proxy keeps it to itself.
+    pub forward_header: bool,
 }
 
 impl Default for TenantsConfig {
@@ -456,6 +459,7 @@ impl Default for TenantsConfig {
         TenantsConfig {
             header: "x-tenant-id".into(),
             policies: BTreeMap::new(),
+            forward_header: false,
         }
     }
 }
@@ -564,7 +568,7 @@ pub fn read_layers(
     if let Some(text) = file_text {
         figment = figment.merge(Toml::string(text));
     }
-    let (env_layer, mut problems) = env_provider(env);
+    let (env_layer, mut problems, env_keys) = env_provider(env);
     figment = figment.merge(env_layer);
     if let Some(listen) = &overrides.listen {
         figment = figment.merge(("server.listen", listen));
@@ -572,7 +576,7 @@ pub fn read_layers(
     if let Some(url) = &overrides.upstream {
         figment = figment.merge(("upstream.url", url));
     }
-    let merged: Value = match figment.extract() {
+    let mut merged: Value = match figment.extract() {
         Ok(merged) => merged,
         Err(e) => {
             problems.extend(e.into_iter().map(|e| ConfigProblem {
@@ -582,9 +586,43 @@ pub fn read_layers(
             return Err(ConfigErrors(problems));
         }
     };
+    merge_builtin_routes(&mut merged);
     let (config, more) = read_value(&merged);
     problems.extend(more);
+    // A problem at a key an environment variable set names the variable,
+    // which is what the user has to fix.
+    for problem in &mut problems {
+        if let Some((_, var)) = env_keys.iter().find(|(path, _)| *path == problem.path) {
+            problem.path = format!("{var} (sets {})", problem.path);
+        }
+    }
     Ok((config, problems))
+}
+
+/// A file's `[[routes]]` come first, then every built-in route (those of
+/// the embedded default) whose path none of them has: a file that adds a
+/// route for one API keeps the others compacted, and a route with a
+/// built-in's path replaces it. (Figment replaces arrays whole, which
+/// silently dropped the built-in routes.)
+fn merge_builtin_routes(merged: &mut Value) {
+    static BUILTIN: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    let builtin = BUILTIN.get_or_init(|| {
+        Figment::from(Toml::string(DEFAULT_TOML))
+            .extract::<Value>()
+            .ok()
+            .and_then(|v| v.get("routes")?.as_array().cloned())
+            .unwrap_or_default()
+    });
+    let Some(routes) = merged.get_mut("routes").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let path = |route: &Value| route.get("path").cloned();
+    let missing: Vec<Value> = builtin
+        .iter()
+        .filter(|b| !routes.iter().any(|r| path(r) == path(b)))
+        .cloned()
+        .collect();
+    routes.extend(missing);
 }
 
 /// [`load`] with the file's text already read (a reload checks the text
@@ -609,9 +647,11 @@ pub fn load_text(
 /// ([`is_service_link`]): those are not ours and are ignored.
 fn env_provider(
     env: impl IntoIterator<Item = (String, String)>,
-) -> (Serialized<Value>, Vec<ConfigProblem>) {
+) -> (Serialized<Value>, Vec<ConfigProblem>, Vec<(String, String)>) {
     let mut root = serde_json::Map::new();
     let mut problems = Vec::new();
+    // (key path, variable) of every variable read.
+    let mut keys = Vec::new();
     for (key, raw) in env {
         let Some(rest) = key.strip_prefix(ENV_PREFIX) else {
             continue;
@@ -634,8 +674,9 @@ fn env_provider(
             continue;
         }
         insert_path(&mut root, &parts, env_value(&raw));
+        keys.push((parts.join("."), key));
     }
-    (Serialized::defaults(Value::Object(root)), problems)
+    (Serialized::defaults(Value::Object(root)), problems, keys)
 }
 
 /// Kubernetes' service-link variables, after the prefix: `SERVICE_HOST`,
@@ -1021,7 +1062,10 @@ mod tests {
         let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(
             paths,
-            ["COMPACTION_PROXY_SERVR__LISTEN", "server.listn"],
+            [
+                "COMPACTION_PROXY_SERVR__LISTEN",
+                "COMPACTION_PROXY_SERVER__LISTN (sets server.listn)"
+            ],
             "{err}"
         );
     }

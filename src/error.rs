@@ -19,21 +19,21 @@ pub enum ProxyError {
         encoding: &'static str,
         reason: String,
     },
-    #[error("method {0} is not allowed here")]
-    MethodNotAllowed(http::Method),
+    #[error("method {0} is not allowed here; {1} is")]
+    MethodNotAllowed(http::Method, &'static str),
     #[error("content type must be application/json")]
     UnsupportedMediaType,
     #[error("no compaction report with this id (reports are kept for a few minutes)")]
     ReportNotFound,
     #[error("{0}")]
     InvalidRequest(#[from] InvalidRequest),
-    #[error("upstream could not be reached: {0}")]
-    UpstreamUnreachable(String),
-    #[error("upstream sent no response headers within {0} seconds")]
+    #[error("upstream could not be reached: {1}")]
+    UpstreamUnreachable(UpstreamCause, String),
+    #[error("upstream sent no response headers within {}", Seconds(*.0))]
     UpstreamTimeout(f64),
-    #[error("the request body stopped moving for {0} seconds (an upstream no longer reading)")]
+    #[error("the request body stopped moving for {} (an upstream no longer reading)", Seconds(*.0))]
     TransferStalled(f64),
-    #[error("the client sent no request body bytes for {0} seconds")]
+    #[error("the client sent no request body bytes for {}", Seconds(*.0))]
     BodyTimeout(f64),
     #[error("the proxy holds too many request bodies right now; retry shortly")]
     Overloaded,
@@ -47,7 +47,62 @@ pub enum ProxyError {
     Internal(String),
 }
 
+/// A duration in words: `1 second`, `2.5 seconds`.
+pub struct Seconds(pub f64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unit = if self.0 == 1.0 { "second" } else { "seconds" };
+        write!(f, "{} {unit}", self.0)
+    }
+}
+
+/// Why an upstream failed a request: the `cause` label of
+/// `upstream_failures_total`, as Envoy counts `upstream_cx_connect_fail`,
+/// `upstream_rq_timeout` and resets apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamCause {
+    /// No connection: refused, unresolvable, unreachable.
+    Connect,
+    /// Connecting, the response headers or the response body took too long.
+    Timeout,
+    /// The connection was closed or reset after it was made.
+    Reset,
+    /// The TLS handshake failed (an untrusted certificate, a protocol error).
+    Tls,
+}
+
+impl UpstreamCause {
+    pub const ALL: [UpstreamCause; 4] = [
+        UpstreamCause::Connect,
+        UpstreamCause::Timeout,
+        UpstreamCause::Reset,
+        UpstreamCause::Tls,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            UpstreamCause::Connect => "connect",
+            UpstreamCause::Timeout => "timeout",
+            UpstreamCause::Reset => "reset",
+            UpstreamCause::Tls => "tls",
+        }
+    }
+}
+
 impl ProxyError {
+    /// The upstream failure this error reports, if it is one.
+    pub fn upstream_cause(&self) -> Option<UpstreamCause> {
+        match self {
+            ProxyError::UpstreamUnreachable(cause, _) => Some(*cause),
+            ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
+                Some(UpstreamCause::Timeout)
+            }
+            _ => None,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -55,7 +110,7 @@ impl ProxyError {
             | ProxyError::BadEncoding { .. }
             | ProxyError::InvalidRequest(_)
             | ProxyError::BadRequestTarget => StatusCode::BAD_REQUEST,
-            ProxyError::MethodNotAllowed(_) | ProxyError::ConnectNotSupported => {
+            ProxyError::MethodNotAllowed(..) | ProxyError::ConnectNotSupported => {
                 StatusCode::METHOD_NOT_ALLOWED
             }
             ProxyError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -64,7 +119,7 @@ impl ProxyError {
             ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProxyError::ReportNotFound => StatusCode::NOT_FOUND,
-            ProxyError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamUnreachable(..) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) | ProxyError::TransferStalled(_) => {
                 StatusCode::GATEWAY_TIMEOUT
             }
@@ -86,11 +141,11 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::ClientBody(_) => "body_unreadable",
             ProxyError::BadEncoding { .. } => "bad_content_encoding",
-            ProxyError::MethodNotAllowed(_) => "method_not_allowed",
+            ProxyError::MethodNotAllowed(..) => "method_not_allowed",
             ProxyError::UnsupportedMediaType => "unsupported_media_type",
             ProxyError::ReportNotFound => "report_not_found",
             ProxyError::InvalidRequest(_) => "validation_failed",
-            ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
+            ProxyError::UpstreamUnreachable(..) => "upstream_unreachable",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::TransferStalled(_) => "transfer_stalled",
             ProxyError::BodyTimeout(_) => "body_timeout",
@@ -102,15 +157,17 @@ impl ProxyError {
         }
     }
 
-    /// The reason in `x-compaction-status: skipped; <reason>` when this
-    /// error refuses a request before anything is forwarded.
-    pub fn skip_reason(&self) -> &'static str {
+    /// The reason in `x-compaction-status: refused; <reason>` when this
+    /// error refuses a request on a matched route before anything is
+    /// forwarded.
+    pub fn refusal_reason(&self) -> &'static str {
         match self {
             ProxyError::BodyTooLarge { .. } => "body-too-large",
             ProxyError::ClientBody(_) => "body-unreadable",
+            ProxyError::BadEncoding { .. } => "bad-content-encoding",
             ProxyError::BodyTimeout(_) => "body-timeout",
             ProxyError::Overloaded => "overloaded",
-            _ => "refused",
+            _ => "other",
         }
     }
 
@@ -136,8 +193,8 @@ impl ProxyError {
         );
         let headers = response.headers_mut();
         match self {
-            ProxyError::MethodNotAllowed(_) => {
-                headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            ProxyError::MethodNotAllowed(_, allow) => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
             }
             ProxyError::ConnectNotSupported => {
                 headers.insert(
@@ -243,9 +300,9 @@ mod tests {
     fn every_error_has_an_openai_shaped_body() {
         let errors = [
             ProxyError::BodyTooLarge { limit: 10 },
-            ProxyError::UpstreamUnreachable("connection refused".into()),
+            ProxyError::UpstreamUnreachable(UpstreamCause::Connect, "connection refused".into()),
             ProxyError::UpstreamTimeout(1.5),
-            ProxyError::MethodNotAllowed(http::Method::GET),
+            ProxyError::MethodNotAllowed(http::Method::GET, "POST"),
             ProxyError::BodyTimeout(30.0),
             ProxyError::Overloaded,
             ProxyError::ConnectNotSupported,
@@ -262,10 +319,25 @@ mod tests {
     }
 
     #[test]
+    fn durations_read_as_words() {
+        assert_eq!(
+            ProxyError::UpstreamTimeout(1.0).to_string(),
+            "upstream sent no response headers within 1 second"
+        );
+        assert!(ProxyError::BodyTimeout(2.5)
+            .to_string()
+            .ends_with("for 2.5 seconds"));
+        assert_eq!(
+            ProxyError::UpstreamTimeout(1.0).upstream_cause(),
+            Some(UpstreamCause::Timeout)
+        );
+    }
+
+    #[test]
     fn client_mistakes_are_4xx_and_upstream_failures_5xx() {
         assert!(ProxyError::BodyTooLarge { limit: 1 }.is_client_error());
         assert_eq!(
-            ProxyError::UpstreamUnreachable(String::new()).status(),
+            ProxyError::UpstreamUnreachable(UpstreamCause::Reset, String::new()).status(),
             StatusCode::BAD_GATEWAY
         );
         assert_eq!(

@@ -13,9 +13,52 @@ use prometheus::{
     IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
+/// The Prometheus process collector, its `process_cpu_seconds_total` read
+/// to the microsecond (`getrusage`) rather than in the whole seconds the
+/// collector counts.
+struct ProcessMetrics(prometheus::process_collector::ProcessCollector);
+
+impl prometheus::core::Collector for ProcessMetrics {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut families = self.0.collect();
+        if let Some(seconds) = cpu_seconds() {
+            for family in &mut families {
+                if family.name() == "process_cpu_seconds_total" {
+                    for metric in family.mut_metric() {
+                        let mut counter = prometheus::proto::Counter::default();
+                        counter.set_value(seconds);
+                        metric.set_counter(counter);
+                    }
+                }
+            }
+        }
+        families
+    }
+}
+
+/// User and system CPU time of this process, in seconds.
+fn cpu_seconds() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given
+    // and reports failure by its return value.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
+}
+
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
+use crate::error::UpstreamCause;
 use crate::format::Format;
 use crate::outcome::{LossSummary, Status};
 
@@ -39,11 +82,13 @@ pub struct Metrics {
     input_tokens: IntCounterVec,
     output_tokens: IntCounterVec,
     skipped: IntCounterVec,
+    refused: IntCounterVec,
     retained_ratio: HistogramVec,
     compaction_duration: HistogramVec,
     upstream_duration: HistogramVec,
     upstream_first_byte: HistogramVec,
     upstream_responses: IntCounterVec,
+    upstream_failures: IntCounterVec,
     cache_hits: IntCounterVec,
     cache_misses: IntCounterVec,
     checkpoint_hits: IntCounterVec,
@@ -69,8 +114,9 @@ struct Series {
     route: String,
     policy: String,
     tenant: String,
-    /// By format (none, then [`Format::ALL`]), then status.
-    requests: [[OnceLock<IntCounter>; 5]; 4],
+    /// By format (none, then [`Format::ALL`]), then status, then the
+    /// class of the status code sent to the client ([`code_class`]).
+    requests: [[[OnceLock<IntCounter>; CODE_CLASSES.len()]; 6]; 4],
     input_chars: OnceLock<IntCounter>,
     output_chars: OnceLock<IntCounter>,
     dropped_messages: OnceLock<IntCounter>,
@@ -93,6 +139,21 @@ struct Series {
     stable_rebases: OnceLock<IntCounter>,
     /// `upstream_responses{route, code}` for codes 100 to 599, by code - 100.
     upstream_responses: Box<[OnceLock<IntCounter>]>,
+    /// `upstream_failures{route, cause}`, by [`UpstreamCause::ALL`].
+    upstream_failures: [OnceLock<IntCounter>; 4],
+}
+
+/// Values of the `code_class` label of `requests_total`: the class of the
+/// status code the client was sent, or `none` when it was sent none (it
+/// left first).
+pub const CODE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// The position in [`CODE_CLASSES`] of a status code (0: none sent).
+fn code_class(code: u16) -> usize {
+    match code {
+        100..=599 => usize::from(code / 100) - 1,
+        _ => CODE_CLASSES.len() - 1,
+    }
 }
 
 /// The agent passes, as labelled in `pass_chars_total`.
@@ -122,6 +183,7 @@ impl Series {
             checkpoints: OnceLock::new(),
             stable_rebases: OnceLock::new(),
             upstream_responses: (100..600).map(|_| OnceLock::new()).collect(),
+            upstream_failures: Default::default(),
         }
     }
 
@@ -133,7 +195,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 23] = [
+pub const FAMILIES: [&str; 26] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -145,11 +207,13 @@ pub const FAMILIES: [&str; 23] = [
     "compaction_proxy_input_tokens_total",
     "compaction_proxy_output_tokens_total",
     "compaction_proxy_skipped_total",
+    "compaction_proxy_refused_total",
     "compaction_proxy_retained_ratio",
     "compaction_proxy_compaction_duration_seconds",
     "compaction_proxy_upstream_duration_seconds",
     "compaction_proxy_upstream_first_byte_seconds",
     "compaction_proxy_upstream_responses_total",
+    "compaction_proxy_upstream_failures_total",
     "compaction_proxy_cache_hits_total",
     "compaction_proxy_cache_misses_total",
     "compaction_proxy_checkpoint_hits_total",
@@ -157,6 +221,7 @@ pub const FAMILIES: [&str; 23] = [
     "compaction_proxy_stable_rebases_total",
     "compaction_proxy_config_reloads_total",
     "compaction_proxy_tasks",
+    "compaction_proxy_build_info",
 ];
 
 const LOSS_LABELS: &[&str] = &["route", "policy", "tenant"];
@@ -201,9 +266,23 @@ impl Metrics {
         // RSS, open fds, CPU seconds, start time (Linux only; elsewhere the
         // collector exports nothing).
         registry
-            .register(Box::new(
+            .register(Box::new(ProcessMetrics(
                 prometheus::process_collector::ProcessCollector::for_self(),
-            ))
+            )))
+            .expect("unique metric");
+        let build_info = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "compaction_proxy_build_info",
+                "1, labelled with the running binary's version.",
+            ),
+            &["version"],
+        )
+        .expect("valid metric");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        registry
+            .register(Box::new(build_info))
             .expect("unique metric");
         let config_reloads = counter(
             "config_reloads_total",
@@ -224,8 +303,8 @@ impl Metrics {
         Metrics {
             requests: counter(
                 "requests_total",
-                "Requests to matched routes by body format and what compaction did.",
-                &["route", "policy", "tenant", "status", "format"],
+                "Requests to matched routes by body format, what compaction did, and the class of the status code sent to the client.",
+                &["route", "policy", "tenant", "status", "format", "code_class"],
             ),
             input_chars: counter("input_chars_total", "Message chars received.", LOSS_LABELS),
             output_chars: counter(
@@ -273,6 +352,11 @@ impl Metrics {
                 "Requests forwarded uncompacted (status skipped), by reason (a fixed set).",
                 &["route", "policy", "reason"],
             ),
+            refused: counter(
+                "refused_total",
+                "Requests on matched routes the proxy refused and never forwarded (status refused: a body too large or too slow, full buffers), by reason.",
+                &["route", "policy", "reason"],
+            ),
             retained_ratio: histogram(
                 "retained_ratio",
                 "Share of message chars forwarded, per compacted request (status compacted only).",
@@ -303,6 +387,11 @@ impl Metrics {
                 "upstream_responses_total",
                 "Upstream responses by HTTP status code.",
                 &["route", "code"],
+            ),
+            upstream_failures: counter(
+                "upstream_failures_total",
+                "Requests the upstream failed, by cause: connect (no connection), timeout (connect, response headers or a silent body), reset (closed after connecting), tls.",
+                &["route", "cause"],
             ),
             cache_hits: counter(
                 "cache_hits_total",
@@ -420,6 +509,10 @@ pub struct RequestEvent {
     /// A skip's detail (the message and what is wrong with it), for the
     /// log line; never a metric label.
     pub skip_detail: Option<String>,
+    /// How the upstream failed the request, if it did.
+    pub upstream_failure: Option<UpstreamCause>,
+    /// The request's `x-request-id`, given or made.
+    pub request_id: Option<http::HeaderValue>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -479,6 +572,8 @@ impl RequestEvent {
             checkpoint_hit: None,
             cache_hit: None,
             skip_detail: None,
+            upstream_failure: None,
+            request_id: None,
         }
     }
 
@@ -488,7 +583,8 @@ impl RequestEvent {
         let series = metrics.series(&self.route, policy, &self.tenant);
         if let Some(status) = self.status {
             let format = self.format.map_or(0, |f| 1 + f as usize);
-            series.requests[format][status.index()]
+            let class = code_class(self.response_status);
+            series.requests[format][status.index()][class]
                 .get_or_init(|| {
                     metrics.requests.with_label_values(&[
                         &*self.route,
@@ -496,15 +592,21 @@ impl RequestEvent {
                         &*self.tenant,
                         status.label(),
                         self.format.map_or("none", Format::as_str),
+                        CODE_CLASSES[class],
                     ])
                 })
                 .inc();
-            if let Status::Skipped(reason) = status {
-                // `reason` is one of the proxy's own &'static str: bounded.
-                metrics
+            // A reason is one of the proxy's own &'static str: bounded.
+            match status {
+                Status::Skipped(reason) => metrics
                     .skipped
                     .with_label_values(&[&self.route, policy, reason])
-                    .inc();
+                    .inc(),
+                Status::Refused(reason) => metrics
+                    .refused
+                    .with_label_values(&[&self.route, policy, reason])
+                    .inc(),
+                _ => {}
             }
         }
         if let Some(loss) = &self.loss {
@@ -623,6 +725,19 @@ impl RequestEvent {
                 None => count().inc(),
             }
         }
+        if let Some(cause) = self.upstream_failure {
+            let i = UpstreamCause::ALL
+                .iter()
+                .position(|c| *c == cause)
+                .expect("every cause is in ALL");
+            series.upstream_failures[i]
+                .get_or_init(|| {
+                    metrics
+                        .upstream_failures
+                        .with_label_values(&[&*self.route, cause.label()])
+                })
+                .inc();
+        }
         if let Some(seconds) = self.upstream_first_byte_seconds {
             series
                 .upstream_first_byte
@@ -669,16 +784,24 @@ impl RequestEvent {
             (Some(l.input_chars), Some(l.output_chars))
         });
         let ms = |seconds: f64| (seconds * 1e6).round() / 1e3;
+        // Every string field is a &str: quoted in text logs, a string in
+        // JSON, the same for all of them.
+        let status = self.status.map(|s| match s {
+            Status::Skipped(_) | Status::Refused(_) => std::borrow::Cow::Owned(s.header()),
+            s => std::borrow::Cow::Borrowed(s.label()),
+        });
+        let request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok());
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
-                    method = %self.method,
-                    path = %self.path,
-                    route = %self.route,
+                    request_id,
+                    method = self.method.as_str(),
+                    path = self.path.as_str(),
+                    route = &*self.route,
                     policy = self.policy.as_deref(),
-                    tenant = %self.tenant,
+                    tenant = &*self.tenant,
                     format = self.format.map(crate::format::Format::as_str),
-                    compaction = self.status.as_ref().map(tracing::field::display),
+                    compaction = status.as_deref(),
                     skip = self.skip_detail.as_deref(),
                     rebased = self.rebased.then_some(true),
                     chars_in,
@@ -770,6 +893,7 @@ mod tests {
         cached.cache_hit = Some(true);
         serially(|| cached.emit(&m));
         serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
+        serially(|| event(Status::Refused("body-too-large"), None).emit(&m));
         for hit in [true, false] {
             let mut stable = event(Status::Compacted, Some(loss(0.4)));
             stable.rebased = true;
@@ -777,6 +901,10 @@ mod tests {
             stable.cache_hit = Some(false);
             serially(|| stable.emit(&m));
         }
+        let mut failed = event(Status::Unchanged, None);
+        failed.upstream_failure = Some(UpstreamCause::Connect);
+        failed.response_status = 502;
+        serially(|| failed.emit(&m));
         m.config_reload(RELOAD_APPLIED);
         let mut names: Vec<String> = m
             .registry
@@ -792,7 +920,13 @@ mod tests {
         let text = m.render();
         // One plain compacted request and two stable ones.
         assert!(text.contains(
-            "compaction_proxy_requests_total{format=\"chat\",policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 3"
+            "compaction_proxy_requests_total{code_class=\"2xx\",format=\"chat\",policy=\"p\",route=\"/v1/chat/completions\",status=\"compacted\",tenant=\"other\"} 3"
+        ), "{text}");
+        assert!(text.contains(
+            "compaction_proxy_requests_total{code_class=\"5xx\",format=\"chat\",policy=\"p\",route=\"/v1/chat/completions\",status=\"unchanged\",tenant=\"other\"} 1"
+        ), "{text}");
+        assert!(text.contains(
+            "compaction_proxy_upstream_failures_total{cause=\"connect\",route=\"/v1/chat/completions\"} 1"
         ), "{text}");
         assert!(text.contains("compaction_proxy_budget_missed_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 3"));
         assert!(text.contains("compaction_proxy_stable_rebases_total{policy=\"p\",route=\"/v1/chat/completions\",tenant=\"other\"} 2"));
@@ -934,6 +1068,7 @@ mod tests {
         let writer = sink.clone();
         let subscriber = tracing_subscriber::fmt()
             .json()
+            .flatten_event(true)
             .with_writer(move || writer.clone())
             .finish();
         serially(|| {
@@ -957,7 +1092,9 @@ mod tests {
         e.upstream_seconds = Some(1.0 / 3.0);
         let log = json_log_of(|| e.emit(&m));
         let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
-        let fields = &line["fields"];
+        // Flat, as the proxy writes JSON logs: fields beside the message.
+        let fields = &line;
+        assert_eq!(line["message"], "request", "{log}");
         assert_eq!(fields["total_ms"], 2.327, "{log}");
         assert_eq!(fields["compaction_ms"], 0.123, "{log}");
         assert_eq!(fields["upstream_ms"], 333.333, "{log}");
@@ -987,6 +1124,30 @@ mod tests {
         // An aborted task is gone once its runtime has run.
         runtimes[1].block_on(tokio::task::yield_now());
         assert_eq!(tasks(&m), Some(2.0));
+    }
+
+    #[test]
+    fn build_info_names_the_version() {
+        let text = Metrics::new().render();
+        let line = format!(
+            "compaction_proxy_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&line), "{text}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cpu_seconds_have_fractions() {
+        // Burn a little CPU, then read: whole seconds would read 0 here.
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let text = Metrics::new().render();
+        let cpu = sample(&text, "process_cpu_seconds_total", &[]).unwrap();
+        assert!(cpu > 0.0 && cpu.fract() != 0.0, "{cpu}");
     }
 
     #[cfg(target_os = "linux")]

@@ -28,6 +28,9 @@ pub enum Status {
     Skipped(&'static str),
     Bypassed,
     DryRun,
+    /// Not forwarded: the proxy answered with an error of its own (a body
+    /// too large or too slow, full buffers), with the reason.
+    Refused(&'static str),
 }
 
 impl Status {
@@ -39,6 +42,7 @@ impl Status {
             Status::Skipped(_) => "skipped",
             Status::Bypassed => "bypassed",
             Status::DryRun => "dry-run",
+            Status::Refused(_) => "refused",
         }
     }
 
@@ -55,6 +59,7 @@ impl Status {
             Status::Skipped(_) => 2,
             Status::Bypassed => 3,
             Status::DryRun => 4,
+            Status::Refused(_) => 5,
         }
     }
 }
@@ -63,6 +68,7 @@ impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Status::Skipped(reason) => write!(f, "skipped; {reason}"),
+            Status::Refused(reason) => write!(f, "refused; {reason}"),
             other => f.write_str(other.label()),
         }
     }

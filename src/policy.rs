@@ -294,12 +294,8 @@ impl Runtime {
         let mut problem =
             |path: String, message: String| problems.push(ConfigProblem { path, message });
 
-        let listen = config.server.listen.parse::<SocketAddr>().map_err(|e| {
-            problem(
-                "server.listen".into(),
-                format!("{e}: expected host:port such as 127.0.0.1:8080"),
-            )
-        });
+        let listen =
+            parse_listen(&config.server.listen).map_err(|m| problem("server.listen".into(), m));
         if config.server.max_body_bytes == 0 {
             problem("server.max_body_bytes".into(), "must be at least 1".into());
         }
@@ -494,6 +490,12 @@ impl Runtime {
         })
     }
 
+    /// The tenant header, when it is the proxy's alone (`None` with
+    /// `tenants.forward_header = true`: it goes upstream too).
+    pub fn own_tenant_header(&self) -> Option<&HeaderName> {
+        (!self.config.tenants.forward_header).then_some(&self.tenant_header)
+    }
+
     fn route_label(&self, route: &Route) -> Arc<str> {
         route.label.clone()
     }
@@ -513,6 +515,37 @@ impl Runtime {
                     .ok()
                     .map(Arc::new)
             })
+    }
+}
+
+/// A listen address in the forms nginx and Caddy users write: `host:port`
+/// with an IP (`127.0.0.1:8080`, `[::1]:8080`), a host name resolved now
+/// (`localhost:8080`), or `:8080` for every interface (`0.0.0.0`).
+pub fn parse_listen(listen: &str) -> Result<SocketAddr, String> {
+    if let Some(port) = listen.strip_prefix(':') {
+        return port
+            .parse::<u16>()
+            .map(|port| SocketAddr::from(([0, 0, 0, 0], port)))
+            .map_err(|e| format!("{listen:?}: {e}: expected :PORT such as :8080"));
+    }
+    if let Ok(addr) = listen.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    use std::net::ToSocketAddrs;
+    let expected =
+        "expected host:port such as 127.0.0.1:8080, localhost:8080, or :8080 for all interfaces";
+    match listen.to_socket_addrs() {
+        // IPv4 first: `localhost` is what most users mean by 127.0.0.1.
+        Ok(addrs) => {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            addrs
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(addrs.first())
+                .copied()
+                .ok_or_else(|| format!("{listen:?} resolves to no address: {expected}"))
+        }
+        Err(e) => Err(format!("{listen:?}: {e}: {expected}")),
     }
 }
 

@@ -71,7 +71,7 @@ pub async fn handle(
                     .reports
                     .get(&path[REPORTS.len()..])
                     .ok_or(ProxyError::ReportNotFound),
-                other => Err(ProxyError::MethodNotAllowed(other.clone())),
+                other => Err(ProxyError::MethodNotAllowed(other.clone(), "GET")),
             };
             match found {
                 Ok(report) => {
@@ -118,7 +118,10 @@ async fn compact_report(
     request: Request<Incoming>,
 ) -> Result<Bytes, ProxyError> {
     if request.method() != Method::POST {
-        return Err(ProxyError::MethodNotAllowed(request.method().clone()));
+        return Err(ProxyError::MethodNotAllowed(
+            request.method().clone(),
+            "POST",
+        ));
     }
     let is_json = request
         .headers()

@@ -559,7 +559,8 @@ impl Body for Tracked {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BodyEnd {
     Complete,
-    Failed(String),
+    /// The upstream failed mid-body: reset, or silent past the idle timeout.
+    Failed(String, crate::error::UpstreamCause),
     /// The client went away before the end.
     Abandoned,
 }
@@ -651,7 +652,10 @@ where
             }
             Poll::Ready(Some(Err(e))) => {
                 let e: BoxError = e.into();
-                this.finish(BodyEnd::Failed(e.to_string()));
+                this.finish(BodyEnd::Failed(
+                    e.to_string(),
+                    crate::error::UpstreamCause::Reset,
+                ));
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
@@ -661,7 +665,10 @@ where
             Poll::Pending => match this.poll_idle(cx) {
                 Poll::Ready(()) => {
                     let e = IdleTimeout(this.idle);
-                    this.finish(BodyEnd::Failed(e.to_string()));
+                    this.finish(BodyEnd::Failed(
+                        e.to_string(),
+                        crate::error::UpstreamCause::Timeout,
+                    ));
                     Poll::Ready(Some(Err(Box::new(e))))
                 }
                 Poll::Pending => Poll::Pending,
@@ -929,7 +936,7 @@ mod tests {
         let cut = watched.frame().await.expect("cut, not ended");
         assert!(cut.is_err(), "silence past the window cuts the body");
         assert_eq!(started.elapsed(), idle);
-        assert!(matches!(ended.try_recv(), Ok(BodyEnd::Failed(_))));
+        assert!(matches!(ended.try_recv(), Ok(BodyEnd::Failed(..))));
     }
 
     #[tokio::test]

@@ -131,7 +131,7 @@ pub fn write_loss_report(
 ) {
     headers.reserve(if loss.is_some() { 17 } else { 2 });
     let status = match status {
-        Status::Skipped(_) => HeaderValue::try_from(status.header()),
+        Status::Skipped(_) | Status::Refused(_) => HeaderValue::try_from(status.header()),
         other => Ok(HeaderValue::from_static(other.label())),
     };
     if let Ok(status) = status {
@@ -270,18 +270,84 @@ pub fn write_report_id(headers: &mut HeaderMap, id: &str) {
 
 /// True when the request asks for its per-message report to be kept.
 pub fn wants_report(headers: &HeaderMap) -> bool {
-    headers
-        .get(REPORT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    is_true(headers.get(REPORT))
 }
 
 /// True when the request asks to skip compaction.
 pub fn wants_bypass(headers: &HeaderMap) -> bool {
-    headers
-        .get(BYPASS)
+    is_true(headers.get(BYPASS))
+}
+
+/// The request id header, as Envoy and nginx name it.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// The request's id: the client's `x-request-id` when it is one (visible
+/// ASCII, at most 128 bytes), else a new one put in its place, so the
+/// upstream, the log line and the client all see the same id.
+pub fn request_id(headers: &mut HeaderMap) -> HeaderValue {
+    if let Some(given) = headers.get(REQUEST_ID) {
+        let ok = given.len() <= 128
+            && !given.is_empty()
+            && given.as_bytes().iter().all(|b| b.is_ascii_graphic());
+        if ok {
+            return given.clone();
+        }
+    }
+    let id = HeaderValue::try_from(new_request_id()).expect("hex is a header value");
+    headers.insert(REQUEST_ID, id.clone());
+    id
+}
+
+/// 32 hex digits: a per-process random key hashed with a counter, so ids
+/// differ across requests, replicas and restarts.
+fn new_request_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static KEY: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+        std::sync::LazyLock::new(Default::default);
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let mut a = KEY.build_hasher();
+    a.write_u64(n);
+    let mut b = KEY.build_hasher();
+    b.write_u64(!n);
+    format!("{:016x}{:016x}", a.finish(), b.finish())
+}
+
+/// Removes the headers meant for the proxy alone before a request goes
+/// upstream: `x-compaction-bypass`, `x-compaction-report`, and the tenant
+/// header when it is the proxy's own.
+pub fn strip_control(headers: &mut HeaderMap, tenant: Option<&HeaderName>) {
+    headers.remove(BYPASS);
+    headers.remove(REPORT);
+    if let Some(tenant) = tenant {
+        headers.remove(tenant);
+    }
+}
+
+/// A header value spelling yes: `true`, `1`, `yes` or `on`, in any case
+/// (the spellings environment variables and other proxies accept).
+fn is_true(value: Option<&HeaderValue>) -> bool {
+    value
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        .map(str::trim)
+        .is_some_and(|v| {
+            ["true", "1", "yes", "on"]
+                .iter()
+                .any(|yes| v.eq_ignore_ascii_case(yes))
+        })
+}
+
+/// Appends `; report-not-allowed` to the status: the request asked for a
+/// report (`x-compaction-report`) and its policy has `allow_report = false`.
+pub fn note_report_refused(headers: &mut HeaderMap) {
+    let status = headers
+        .get(STATUS)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| format!("{v}; report-not-allowed"));
+    if let Some(v) = status.and_then(|v| HeaderValue::try_from(v).ok()) {
+        headers.insert(STATUS, v);
+    }
 }
 
 #[cfg(test)]
@@ -459,13 +525,17 @@ mod tests {
     }
 
     #[test]
-    fn bypass_needs_an_explicit_true() {
+    fn bypass_needs_an_explicit_yes() {
         let mut h = HeaderMap::new();
         assert!(!wants_bypass(&h));
-        h.insert(BYPASS, HeaderValue::from_static("TRUE"));
-        assert!(wants_bypass(&h));
-        h.insert(BYPASS, HeaderValue::from_static("1"));
-        assert!(!wants_bypass(&h));
+        for yes in ["TRUE", "1", "yes", " On "] {
+            h.insert(BYPASS, HeaderValue::from_static(yes));
+            assert!(wants_bypass(&h), "{yes}");
+        }
+        for no in ["false", "0", "no", "", "y"] {
+            h.insert(BYPASS, HeaderValue::from_static(no));
+            assert!(!wants_bypass(&h), "{no:?}");
+        }
     }
 
     #[test]

@@ -65,7 +65,11 @@ use state::TunnelGuard;
 /// Handles one request end to end (the numbered steps above).
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
     if let Err(refused) = server::check_request(&request) {
-        tracing::warn!(method = %request.method(), code = refused.code(), "request refused: {refused}");
+        tracing::warn!(
+            method = request.method().as_str(),
+            code = refused.code(),
+            "request refused: {refused}"
+        );
         let (parts, body) = refused.to_response().into_parts();
         return Response::from_parts(parts, body::full(body));
     }
@@ -79,13 +83,36 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     } else {
         request
     };
+    // The request's id: the client's `x-request-id`, or a new one; sent
+    // upstream, logged, and returned to the client.
+    let mut request = request;
+    let request_id = headers::request_id(request.headers_mut());
+    let mut response = Box::pin(proxy_request(state, request, request_id.clone())).await;
+    // An upstream's own id (OpenAI answers with one) is passed on as it came.
+    response
+        .headers_mut()
+        .entry(headers::REQUEST_ID)
+        .or_insert(request_id);
+    response
+}
+
+/// Steps 3-8 for a request that is not the proxy's own.
+async fn proxy_request(
+    state: Arc<AppState>,
+    request: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Response<ProxyBody> {
     let runtime = state.runtime();
     let mut record = Recorder::new(
         state.clone(),
         RequestEvent::new(request.method().clone(), request.uri().path().to_owned()),
     );
+    record.request_id = Some(request_id);
 
     let Some(resolution) = runtime.resolve(request.uri().path(), request.headers()) else {
+        if request.method() == Method::POST {
+            note_unmatched_api_path(&state, request.uri().path());
+        }
         let (parts, body) = request.into_parts();
         return forward(&state, &runtime, parts, streamed(body), None, record).await;
     };
@@ -98,6 +125,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     let (mut parts, body) = request.into_parts();
     let wants_bypass = headers::wants_bypass(&parts.headers);
     let bypass_refused = wants_bypass && !resolution.policy.allow_bypass;
+    let report_refused = headers::wants_report(&parts.headers) && !resolution.policy.allow_report;
     // Requests that are not compacted keep their body streaming.
     let untouched = if parts.method != Method::POST {
         Some(Status::Skipped("not-post"))
@@ -115,6 +143,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             status,
             loss: None,
             bypass_refused,
+            report_refused,
             stable: None,
             report_id: None,
             detail: None,
@@ -200,6 +229,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         status,
         loss,
         bypass_refused,
+        report_refused,
         stable,
         report_id,
         detail: decided.detail,
@@ -248,6 +278,27 @@ fn inspected_summary(
         usage: None,
         estimated_saving: None,
         pending: true,
+    }
+}
+
+/// Says once, at INFO, that a POST to a path that looks like one of the
+/// APIs (it ends as chat completions, Messages or Responses do) matched no
+/// route, so it went upstream uncompacted: the usual cause of a missing
+/// `x-compaction-status` is a base URL whose paths no route names.
+fn note_unmatched_api_path(state: &AppState, path: &str) {
+    let format = match path.trim_end_matches('/') {
+        p if p.ends_with("/chat/completions") => Format::Chat,
+        p if p.ends_with("/messages") => Format::Anthropic,
+        p if p.ends_with("/responses") => Format::Responses,
+        _ => return,
+    };
+    let noted = &state.unmatched_noted[format as usize];
+    if !noted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::info!(
+            path = %path,
+            format = format.as_str(),
+            "a POST matched no route: forwarded uncompacted, without x-compaction headers; add a [[routes]] entry for its path to compact it (said once per API)"
+        );
     }
 }
 
@@ -313,6 +364,8 @@ struct Verdict {
     loss: Option<LossSummary>,
     /// A bypass was asked for and the policy refuses it.
     bypass_refused: bool,
+    /// A report was asked for and the policy refuses it.
+    report_refused: bool,
     stable: Option<StableInfo>,
     /// The id under which this request's per-message report is kept.
     report_id: Option<String>,
@@ -333,6 +386,9 @@ impl Verdict {
         }
         if self.bypass_refused {
             headers::note_bypass_refused(headers);
+        }
+        if self.report_refused {
+            headers::note_report_refused(headers);
         }
         if let Some(stable) = &self.stable {
             headers::write_stable_report(headers, stable);
@@ -421,6 +477,7 @@ async fn forward(
     // once the upstream agrees.
     let client_upgrade = parts.extensions.remove::<OnUpgrade>();
     let upgrade = headers::strip_hop_by_hop_keeping_upgrade(&mut parts.headers);
+    headers::strip_control(&mut parts.headers, runtime.own_tenant_header());
     match state.upstream.host() {
         Some(host) => parts.headers.insert(header::HOST, host.clone()),
         None => parts.headers.remove(header::HOST),
@@ -445,6 +502,7 @@ async fn forward(
             // The loss report still says what was done to the request.
             let format = verdict.as_ref().map(|v| v.resolution.format);
             let (mut response, ending) = error_response(&e, format.unwrap_or_default());
+            record.upstream_failure = e.upstream_cause();
             if let Some(v) = &verdict {
                 v.write_to(response.headers_mut());
             }
@@ -475,11 +533,15 @@ async fn forward(
 
     let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {
         record.upstream_seconds = Some(sent.elapsed().as_secs_f64());
-        record.finish(match end {
+        let ending = match end {
             BodyEnd::Complete => Ending::Complete,
-            BodyEnd::Failed(e) => Ending::UpstreamFailed(e),
+            BodyEnd::Failed(e, cause) => {
+                record.upstream_failure = Some(cause);
+                Ending::UpstreamFailed(e)
+            }
             BodyEnd::Abandoned => Ending::ClientGone,
-        });
+        };
+        record.finish(ending);
     });
     Response::from_parts(parts, watched.boxed_unsync())
 }
@@ -518,6 +580,8 @@ fn error_response(error: &ProxyError, format: Format) -> (Response<ProxyBody>, E
     let ending = match error {
         // Nobody reads this answer: the client left mid-upload.
         ProxyError::ClientBody(_) => Ending::ClientGone,
+        // The upstream failed (502, 504): not a refusal of the proxy's.
+        e if e.upstream_cause().is_some() => Ending::UpstreamFailed(e.to_string()),
         e => Ending::Refused(e.to_string()),
     };
     (Response::from_parts(parts, body::full(body)), ending)
@@ -532,7 +596,7 @@ fn refuse(
     let format = resolution.map(|r| r.format).unwrap_or_default();
     let (mut response, ending) = error_response(&error, format);
     if let Some(resolution) = resolution {
-        let status = Status::Skipped(error.skip_reason());
+        let status = Status::Refused(error.refusal_reason());
         record.status = Some(status);
         headers::write_loss_report(
             response.headers_mut(),

@@ -35,6 +35,9 @@ pub struct AppState {
     /// shutdown no longer sees them, so the drain waits for them here.
     open_tunnels: AtomicUsize,
     tunnel_closed: tokio::sync::Notify,
+    /// Whether an unmatched POST to a well-known API path was noted in the
+    /// log yet, by the format its path names ([`crate::format::Format::ALL`]).
+    pub(super) unmatched_noted: [AtomicBool; 3],
 }
 
 impl AppState {
@@ -66,6 +69,7 @@ impl AppState {
             shutting_down: AtomicBool::new(false),
             open_tunnels: AtomicUsize::new(0),
             tunnel_closed: tokio::sync::Notify::new(),
+            unmatched_noted: Default::default(),
         })
     }
 

@@ -33,7 +33,7 @@ use rustls_pki_types::CertificateDer;
 use tower_service::Service;
 
 use super::body::{BoxError, ProxyBody};
-use crate::error::ProxyError;
+use crate::error::{ProxyError, UpstreamCause};
 
 type Connector = HttpsConnector<TimeoutConnector<HttpConnector>>;
 
@@ -275,7 +275,7 @@ impl Upstream {
         tokio::select! {
             answered = response => answered.map_err(|e| match client_body_error(&*e) {
                 Some(client) => ProxyError::ClientBody(client),
-                None => ProxyError::UpstreamUnreachable(describe(&*e)),
+                None => ProxyError::UpstreamUnreachable(cause_of(&*e), describe(&*e)),
             }),
             () = deadline => Err(if progress.ended() {
                 ProxyError::UpstreamTimeout(seconds)
@@ -305,7 +305,9 @@ impl Upstream {
                 // Boxed: opening a connection (TCP, TLS, handshake) is a
                 // 6 KB future that most requests never run, and unboxed it
                 // made every request's future that much larger to move.
-                None => Box::pin(self.connect(pool, upgrade)).await?,
+                None => Box::pin(self.connect(pool, upgrade))
+                    .await
+                    .map_err(ConnectFailed)?,
             };
             let mut failed = match sender {
                 Sender::Http2(mut sender) => {
@@ -487,6 +489,50 @@ fn client_body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         source = err.source();
     }
     None
+}
+
+/// A connection to the upstream could not be opened (TCP, TLS or the
+/// HTTP handshake): what [`cause_of`] tells from a failure after it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ConnectFailed(#[source] BoxError);
+
+/// What an upstream failure before the response headers was: a TLS
+/// failure, a timeout, a connection never made, or one lost after it was.
+fn cause_of(e: &(dyn std::error::Error + 'static)) -> UpstreamCause {
+    let mut connecting = false;
+    let mut timed_out = false;
+    let mut source = Some(e);
+    while let Some(err) = source {
+        connecting |= err.is::<ConnectFailed>();
+        if is_tls(err) {
+            return UpstreamCause::Tls;
+        }
+        timed_out |= err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+        source = err.source();
+    }
+    match (timed_out, connecting) {
+        (true, _) => UpstreamCause::Timeout,
+        (false, true) => UpstreamCause::Connect,
+        (false, false) => UpstreamCause::Reset,
+    }
+}
+
+/// Whether `err` is a rustls error, or an io::Error wrapping one (the TLS
+/// connector wraps it twice; io::Error's `source` skips what it wraps).
+fn is_tls(err: &(dyn std::error::Error + 'static)) -> bool {
+    if err.is::<rustls::Error>() {
+        return true;
+    }
+    match err
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+    {
+        Some(inner) => is_tls(inner),
+        None => false,
+    }
 }
 
 /// The error chain as one line (the client's top error says little).

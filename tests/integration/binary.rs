@@ -1044,7 +1044,7 @@ fn request_lines(log: &str) -> Vec<Value> {
             serde_json::from_str::<Value>(l)
                 .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}"))
         })
-        .filter(|v| v["fields"]["message"] == "request")
+        .filter(|v| v["message"] == "request")
         .collect()
 }
 
@@ -1137,7 +1137,7 @@ fn secrets_never_reach_the_logs_and_each_proxied_request_logs_one_line() {
             "{name}: one request line per proxied request:\n{stderr}"
         );
         for line in &lines {
-            let f = &line["fields"];
+            let f = &line;
             assert!(
                 f["route"].is_string() && f["tenant"] == "other",
                 "{name}: {line}"
@@ -1154,7 +1154,7 @@ fn secrets_never_reach_the_logs_and_each_proxied_request_logs_one_line() {
     let up_lines = request_lines(&up.stderr());
     let statuses: Vec<&str> = up_lines
         .iter()
-        .map(|l| l["fields"]["compaction"].as_str().unwrap_or("-"))
+        .map(|l| l["compaction"].as_str().unwrap_or("-"))
         .collect();
     assert_eq!(
         statuses.iter().filter(|s| **s == "compacted").count(),
@@ -1163,9 +1163,7 @@ fn secrets_never_reach_the_logs_and_each_proxied_request_logs_one_line() {
     );
     let down_lines = request_lines(&down.stderr());
     assert!(
-        down_lines
-            .iter()
-            .all(|l| l["fields"]["response_status"] == 502),
+        down_lines.iter().all(|l| l["response_status"] == 502),
         "{down_lines:?}"
     );
 }
@@ -1286,11 +1284,8 @@ fn log_levels_follow_how_each_request_ended() {
         .map(|l| {
             (
                 l["level"].as_str().unwrap_or_default().to_owned(),
-                l["fields"]["ending"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                l["fields"]["response_status"].to_string(),
+                l["ending"].as_str().unwrap_or_default().to_owned(),
+                l["response_status"].to_string(),
             )
         })
         .collect();

@@ -236,40 +236,123 @@ fn values_yaml_parses_as_a_mapping() {
     assert!(values().is_mapping(), "values.yaml must be a YAML mapping");
 }
 
-#[test]
-fn values_routes_name_defined_policies() {
-    let values = values();
-    let config = &values["config"];
-    let policies = config["policies"]
-        .as_mapping()
-        .expect("config.policies is a mapping");
-    let routes = config["routes"]
-        .as_sequence()
-        .expect("config.routes is a list");
-    assert!(
-        !routes.is_empty(),
-        "config.routes is empty: nothing would be compacted"
-    );
-    for route in routes {
-        let policy = route["policy"].as_str().expect("each route names a policy");
-        assert!(
-            route["path"].as_str().is_some_and(|p| p.starts_with('/')),
-            "route path: {route:?}"
-        );
-        assert!(
-            policies.contains_key(policy),
-            "route {route:?} names undefined policy `{policy}`"
-        );
+/// `.Values.config` as the chart's `compaction-proxy.toml` helper renders
+/// it: scalars and lists of scalars as JSON (valid TOML for those), maps as
+/// `[tables]`, lists of maps as `[[arrays of tables]]`, nulls left out.
+fn toml_of(config: &Yaml) -> String {
+    fn table(out: &mut String, path: &[String], value: &Yaml, array_item: bool) {
+        let map = value.as_mapping().expect("a table");
+        let is_table_array = |v: &Yaml| {
+            v.as_sequence()
+                .is_some_and(|s| s.first().is_some_and(Yaml::is_mapping))
+        };
+        let scalars: Vec<_> = map
+            .iter()
+            .filter(|(_, v)| !v.is_mapping() && !v.is_null() && !is_table_array(v))
+            .collect();
+        if !path.is_empty() && (array_item || !scalars.is_empty() || map.is_empty()) {
+            let (open, close) = if array_item { ("[[", "]]") } else { ("[", "]") };
+            out.push_str(&format!("{open}{}{close}\n", path.join(".")));
+        }
+        for (k, v) in scalars {
+            let json = serde_json::to_string(&serde_json::to_value(v).unwrap()).unwrap();
+            out.push_str(&format!("{} = {json}\n", k.as_str().unwrap()));
+        }
+        for (k, v) in map {
+            let mut sub = path.to_vec();
+            sub.push(k.as_str().unwrap().to_owned());
+            if v.is_mapping() {
+                table(out, &sub, v, false);
+            } else if is_table_array(v) {
+                for item in v.as_sequence().unwrap() {
+                    table(out, &sub, item, true);
+                }
+            }
+        }
     }
-    for (tenant, policy) in config["tenants"]["policies"]
-        .as_mapping()
-        .expect("config.tenants.policies is a mapping")
-    {
-        let policy = policy.as_str().expect("tenant policy is a string");
-        assert!(
-            policies.contains_key(policy),
-            "tenant {tenant:?} names undefined policy `{policy}`"
-        );
+    let mut out = String::new();
+    table(&mut out, &[], config, false);
+    out
+}
+
+/// The configuration a pod runs: the rendered values (or nothing) over the
+/// embedded default, with the listen address the Deployment sets.
+fn effective(file: Option<&str>) -> compaction_proxy::policy::Runtime {
+    let env = vec![(
+        "COMPACTION_PROXY_SERVER__LISTEN".to_owned(),
+        "0.0.0.0:8080".to_owned(),
+    )];
+    compaction_proxy::policy::Runtime::load_text(file, env, &Default::default())
+        .unwrap_or_else(|e| panic!("{e}\n{}", file.unwrap_or("")))
+}
+
+#[test]
+fn the_chart_renders_the_same_policies_routes_and_tenants_as_the_binary() {
+    let rendered = toml_of(&values()["config"]);
+    let chart = effective(Some(&rendered));
+    let binary = effective(None);
+    assert_eq!(
+        chart.config.policies, binary.config.policies,
+        "values.yaml's policies differ from the binary's:\n{rendered}"
+    );
+    let routes =
+        |rt: &compaction_proxy::policy::Runtime| serde_json::to_value(&rt.config.routes).unwrap();
+    assert_eq!(routes(&chart), routes(&binary), "{rendered}");
+    assert_eq!(
+        chart.config.tenants.header, binary.config.tenants.header,
+        "{rendered}"
+    );
+    assert_eq!(chart.config.upstream.url, binary.config.upstream.url);
+    // The comparison means something: the binary routes all three APIs.
+    let formats: std::collections::BTreeSet<String> = binary
+        .config
+        .routes
+        .iter()
+        .map(|r| {
+            r.format
+                .unwrap_or_else(|| compaction_proxy::format::Format::for_path(&r.path))
+                .as_str()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(formats.len(), 3, "{formats:?}");
+}
+
+#[test]
+fn the_rendering_used_for_the_comparison_is_the_helpers() {
+    let values: Yaml = serde_yaml::from_str(
+        "server: {listen: '127.0.0.1:1'}\npolicies: {p: {budget_chars: 5, keep_roles: [system]}}\nroutes: [{path: /a, policy: p}]\ntenants: {policies: {}}",
+    )
+    .unwrap();
+    let toml = toml_of(&values);
+    assert!(
+        toml.contains("[server]\nlisten = \"127.0.0.1:1\"\n"),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("[policies.p]\nbudget_chars = 5\nkeep_roles = [\"system\"]\n"),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("[[routes]]\npath = \"/a\"\npolicy = \"p\"\n"),
+        "{toml}"
+    );
+    assert!(toml.contains("[tenants.policies]\n"), "{toml}");
+    let rt = effective(Some(&toml));
+    assert_eq!(rt.config.policies["p"].budget_chars, 5);
+}
+
+#[test]
+fn the_chart_says_stable_mode_runs_and_what_left_out_keys_take() {
+    for file in ["values.yaml", "README.md"] {
+        let text = read(&chart_dir().join(file));
+        for stale in [
+            "reserved",
+            "the engine's default",
+            "OpenAI-style chat-completions",
+        ] {
+            assert!(!text.contains(stale), "{file} still says {stale:?}");
+        }
     }
 }
 

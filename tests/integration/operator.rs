@@ -13,15 +13,15 @@ use compaction_proxy::format::chat::ChatBody;
 use compaction_proxy::outcome::LossSummary;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_compaction-proxy");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_compaction-proxy");
 
-fn repo(path: &str) -> PathBuf {
+pub(crate) fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 /// Runs the binary in the repository root (where the README's commands
 /// run), with `stdin`, without our COMPACTION_PROXY_ environment.
-fn run(args: &[&str], stdin: &[u8]) -> Output {
+pub(crate) fn run(args: &[&str], stdin: &[u8]) -> Output {
     let mut command = Command::new(BIN);
     for (key, _) in std::env::vars() {
         if key.starts_with("COMPACTION_PROXY_") {
@@ -46,7 +46,7 @@ fn run(args: &[&str], stdin: &[u8]) -> Output {
     out
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
@@ -179,7 +179,7 @@ fn the_report_says_what_became_of_every_message() {
     let config = "examples/two-tenant.toml";
     let out = run(
         &[
-            "compact", "--config", config, "--policy", "small", "--report",
+            "compact", "--config", config, "--policy", "small", "--report", "--json",
         ],
         &chat,
     );
@@ -229,7 +229,7 @@ fn the_report_says_what_became_of_every_message() {
 
 /// Runs `serve` with `args` until `until` shows in stderr (or it exits),
 /// then stops it; returns stderr.
-fn serve_until(args: &[&str], until: &str) -> String {
+pub(crate) fn serve_until(args: &[&str], until: &str) -> String {
     let log = temp_file("serve.log", b"");
     let mut child = Command::new(BIN)
         .arg("serve")
@@ -270,9 +270,12 @@ fn the_startup_line_names_config_policies_routes_and_tenants_without_colour() {
         .unwrap_or_else(|| panic!("no startup line:\n{stderr}"));
     for part in [
         "two-tenant.toml",
-        "policies=default,small",
-        "routes=/v1/chat/completions->default",
-        "tenants=acme,globex",
+        "policies=\"default,small\"",
+        "routes=\"/v1/chat/completions->default,",
+        // The built-in routes the file does not override follow its own.
+        "/v1/messages->default",
+        "/v1/responses->default",
+        "tenants=\"acme,globex\"",
     ] {
         assert!(line.contains(part), "{part} missing: {line}");
     }
@@ -718,13 +721,17 @@ async fn a_policy_that_allows_it_keeps_a_live_report_fetchable_by_id() {
     let error: Value = serde_json::from_slice(&missing.body).unwrap();
     assert_eq!(error["error"]["code"], "report_not_found");
 
-    // A policy that does not allow reports keeps none and says no id.
+    // A policy that does not allow reports keeps none, gives no id, and
+    // says why.
     let closed = send(with_report_header(post_json(
         &proxy.url("/closed/chat/completions"),
         chat,
     )))
     .await;
-    assert_eq!(closed.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(
+        closed.header("x-compaction-status"),
+        Some("compacted; report-not-allowed")
+    );
     assert!(closed.header("x-compaction-report-id").is_none());
 }
 

@@ -92,7 +92,7 @@ async fn declared_oversized_body_is_a_413_and_nothing_is_forwarded() {
     assert_eq!(answer.header("x-compaction-policy"), Some("default"));
     assert_eq!(
         answer.header("x-compaction-status"),
-        Some("skipped; body-too-large")
+        Some("refused; body-too-large")
     );
     assert!(
         upstream.received().is_empty(),

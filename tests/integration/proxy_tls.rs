@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A TLS terminator for `localhost` in front of `target`; returns its
 /// address and the PEM of the CA that signed its certificate.
-async fn tls_front(target: SocketAddr, alpn: &[&[u8]]) -> (SocketAddr, String) {
+pub(crate) async fn tls_front(target: SocketAddr, alpn: &[&[u8]]) -> (SocketAddr, String) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
