@@ -226,6 +226,9 @@ pub fn explain<'a, 'b>(
             line.reason = format!("kept whole: {why}");
         }
     }
+    if policy.mode == crate::config::Mode::Stable {
+        follow_the_replay(&mut lines, conversation, compacted.plan.as_ref());
+    }
     attach_decisions(&mut lines, decisions);
     let report = RequestReport {
         policy: name,
@@ -239,6 +242,63 @@ pub fn explain<'a, 'b>(
         plan: compacted.plan,
         stable: compacted.stable,
     })
+}
+
+/// Stable mode forwards what its replay kept, not what one engine run over
+/// the whole conversation keeps: each line's fate is made the plan's. A
+/// message the plan leaves out was dropped by a re-compaction (stage
+/// `stable`); one the engine run dropped but the replay kept is kept.
+fn follow_the_replay(
+    lines: &mut [MessageFate],
+    conversation: &crate::format::Conversation,
+    plan: Option<&crate::format::Plan>,
+) {
+    let Some(plan) = plan else {
+        // Forwarded as it came: every message kept whole.
+        for line in lines.iter_mut().filter(|l| l.fate != Fate::Kept) {
+            line.fate = Fate::Kept;
+            line.stage = None;
+            line.reason = "budget met".to_owned();
+            line.chars = line.original_chars;
+        }
+        return;
+    };
+    let mut planned: Vec<Option<&crate::format::Planned>> = vec![None; lines.len()];
+    for p in &plan.items {
+        if let Some(slot) = planned.get_mut(p.index) {
+            *slot = Some(p);
+        }
+    }
+    for line in lines.iter_mut() {
+        let item = &conversation.items[line.index];
+        match planned.get(line.index).copied().flatten() {
+            None => {
+                if line.fate != Fate::Dropped {
+                    line.fate = Fate::Dropped;
+                    line.stage = Some("stable");
+                    line.reason = "left out when stable mode re-compacted the conversation".into();
+                }
+                line.chars = 0;
+            }
+            Some(p) => {
+                let changed = p.text.is_some() || !p.arguments.is_empty();
+                if changed && line.fate != Fate::Trimmed {
+                    line.fate = Fate::Trimmed;
+                    line.stage = Some("stable");
+                    line.reason = "cut when stable mode re-compacted the conversation".into();
+                } else if !changed && line.fate != Fate::Kept {
+                    line.fate = Fate::Kept;
+                    line.stage = None;
+                    line.reason = "kept by stable mode's replay".into();
+                }
+                let text = p
+                    .text
+                    .as_deref()
+                    .map_or(item.text.chars().count(), |t| t.chars().count());
+                line.chars = item.chars() - item.text.chars().count() + text;
+            }
+        }
+    }
 }
 
 /// Puts each call's decision on the line of the message making it, and on

@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn each_input_message_gets_a_row_beside_what_was_forwarded() {
         let policy = policy(
-            "[policies.default]\nbudget_chars = 900\nkeep_last_n = 1\nmax_message_chars = 300\n",
+            "[policies.default]\nmode = \"exact\"\nbudget_chars = 900\nkeep_last_n = 1\nmax_message_chars = 300\n",
         );
         let long = "A sentence that goes on. ".repeat(30);
         let body = chat(&[

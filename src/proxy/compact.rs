@@ -245,9 +245,6 @@ pub fn outcome_of(
     })
 }
 
-/// The skip reason of a body over its budget that has nothing to remove.
-pub const NOTHING_REMOVABLE: &str = "nothing-removable";
-
 /// The coding agent's own compaction request is forwarded untouched
 /// (`detect_agent_compaction`), so the agent summarizes all it has.
 pub fn refuse_agent_compaction(
@@ -269,7 +266,7 @@ pub fn status_of(policy: &CompiledPolicy, outcome: &Outcome) -> Status {
     } else if !outcome.loss.budget_met {
         // Over its budget, yet nothing in it may go (pins, kept roles,
         // the last turns): not "unchanged", which says it fit.
-        Status::Skipped(NOTHING_REMOVABLE)
+        Status::Skipped("nothing-removable")
     } else {
         Status::Unchanged
     }

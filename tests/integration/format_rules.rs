@@ -32,11 +32,24 @@ fn outside<'a>(body: &'a str, key: &str) -> Result<(&'a str, &'a str), String> {
     Ok((&body[..start], &body[start + value.len()..]))
 }
 
-/// Everything outside the compacted array keeps its bytes.
+/// What the proxy adds to a Messages request's `thinking` object when the
+/// last turn of an open tool loop keeps reasoning whose prefix changed.
+const DROP_BLOCK: &str = r#""block_binding":{"prefix_mismatch_behavior":"drop_block"}"#;
+
+/// Everything outside the compacted array keeps its bytes (but for the
+/// request to drop stale reasoning, [`DROP_BLOCK`]).
 pub fn outside_identical(original: &[u8], forwarded: &[u8], key: &str) -> Verdict {
     let original = std::str::from_utf8(original).map_err(|e| e.to_string())?;
     let forwarded = std::str::from_utf8(forwarded).map_err(|e| format!("not UTF-8: {e}"))?;
     serde_json::from_str::<Value>(forwarded).map_err(|e| format!("invalid JSON: {e}"))?;
+    let asked = forwarded
+        .replacen(&format!("{DROP_BLOCK},"), "", 1)
+        .replacen(DROP_BLOCK, "", 1);
+    let forwarded = if original.contains(DROP_BLOCK) {
+        forwarded
+    } else {
+        &asked
+    };
     let (a, b) = (outside(original, key)?, outside(forwarded, key)?);
     ensure!(a == b, "bytes outside `{key}` changed");
     Ok(())

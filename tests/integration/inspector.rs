@@ -25,6 +25,7 @@ const CONFIG: &str = r#"
 enabled = true
 
 [policies.reported]
+mode = "exact"          # every stage of the engine shows, dedupe included
 budget_chars = 1500
 keep_last_n = 2
 max_message_chars = 500
