@@ -9,8 +9,8 @@ use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    exponential_buckets, Counter, CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 /// Route label of requests no route matched.
@@ -50,6 +50,11 @@ pub struct Metrics {
     checkpoint_misses: IntCounterVec,
     stable_rebases: IntCounterVec,
     config_reloads: IntCounterVec,
+    billed_input_tokens: IntCounterVec,
+    billed_output_tokens: IntCounterVec,
+    billed_cost: CounterVec,
+    estimated_saved_cost: CounterVec,
+    estimated_extra_cost: CounterVec,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
     /// watches for connections that are never let go.
     tasks: IntGauge,
@@ -93,7 +98,22 @@ struct Series {
     stable_rebases: OnceLock<IntCounter>,
     /// `upstream_responses{route, code}` for codes 100 to 599, by code - 100.
     upstream_responses: Box<[OnceLock<IntCounter>]>,
+    /// The billing series by model family (a bounded label).
+    bills: RwLock<FxHashMap<Arc<str>, Arc<BillSeries>>>,
 }
+
+/// The billing series of one (route, policy, tenant, model family).
+struct BillSeries {
+    /// By kind: uncached, cache_read, cache_write ([`INPUT_KINDS`]).
+    input: [IntCounter; 3],
+    output: IntCounter,
+    cost: OnceLock<Counter>,
+    /// Saved and extra, made together so either reads 0 before it moves.
+    estimate: OnceLock<[Counter; 2]>,
+}
+
+/// The `kind` label of `billed_input_tokens_total`.
+pub const INPUT_KINDS: [&str; 3] = ["uncached", "cache_read", "cache_write"];
 
 /// The agent passes, as labelled in `pass_chars_total`.
 const PASSES: [&str; 3] = ["pruned", "clipped", "deduped_tool"];
@@ -122,7 +142,38 @@ impl Series {
             checkpoints: OnceLock::new(),
             stable_rebases: OnceLock::new(),
             upstream_responses: (100..600).map(|_| OnceLock::new()).collect(),
+            bills: RwLock::default(),
         }
+    }
+
+    /// The billing series of `family`, made on its first bill.
+    fn bill(&self, metrics: &Metrics, family: &Arc<str>) -> Arc<BillSeries> {
+        if let Some(found) = self
+            .bills
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(family)
+        {
+            return found.clone();
+        }
+        let labels = [&*self.route, &*self.policy, &*self.tenant, &**family];
+        let made = Arc::new(BillSeries {
+            input: INPUT_KINDS.map(|kind| {
+                let [route, policy, tenant, model] = labels;
+                metrics
+                    .billed_input_tokens
+                    .with_label_values(&[route, policy, tenant, model, kind])
+            }),
+            output: metrics.billed_output_tokens.with_label_values(&labels),
+            cost: OnceLock::new(),
+            estimate: OnceLock::new(),
+        });
+        self.bills
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(family.clone())
+            .or_insert(made)
+            .clone()
     }
 
     fn loss<'a>(&self, cell: &'a OnceLock<IntCounter>, vec: &IntCounterVec) -> &'a IntCounter {
@@ -133,7 +184,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 23] = [
+pub const FAMILIES: [&str; 28] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -157,7 +208,15 @@ pub const FAMILIES: [&str; 23] = [
     "compaction_proxy_stable_rebases_total",
     "compaction_proxy_config_reloads_total",
     "compaction_proxy_tasks",
+    "compaction_proxy_billed_input_tokens_total",
+    "compaction_proxy_billed_output_tokens_total",
+    "compaction_proxy_billed_cost_total",
+    "compaction_proxy_estimated_saved_cost_total",
+    "compaction_proxy_estimated_extra_cost_total",
 ];
+
+/// The labels of the billing metrics: the loss labels and the model family.
+const BILL_LABELS: &[&str] = &["route", "policy", "tenant", "model"];
 
 const LOSS_LABELS: &[&str] = &["route", "policy", "tenant"];
 
@@ -221,7 +280,40 @@ impl Metrics {
         registry
             .register(Box::new(tasks.clone()))
             .expect("unique metric");
+        let float_counter = |name: &str, help: &str| {
+            let c = CounterVec::new(
+                Opts::new(format!("compaction_proxy_{name}"), help),
+                BILL_LABELS,
+            )
+            .expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
         Metrics {
+            billed_input_tokens: counter(
+                "billed_input_tokens_total",
+                "Input tokens the provider reported, by kind: uncached, cache_read, cache_write.",
+                &["route", "policy", "tenant", "model", "kind"],
+            ),
+            billed_output_tokens: counter(
+                "billed_output_tokens_total",
+                "Output tokens the provider reported.",
+                BILL_LABELS,
+            ),
+            billed_cost: float_counter(
+                "billed_cost_total",
+                "What the reported usage cost at the configured prices (models with a price).",
+            ),
+            estimated_saved_cost: float_counter(
+                "estimated_saved_cost_total",
+                "Estimated cost the proxy saved: the original requests' estimated cost less the billed one, on requests where that is positive.",
+            ),
+            estimated_extra_cost: float_counter(
+                "estimated_extra_cost_total",
+                "Estimated cost the proxy added (lost prompt-cache hits): the billed cost less the original requests' estimated one, where that is positive.",
+            ),
             requests: counter(
                 "requests_total",
                 "Requests to matched routes by body format and what compaction did.",
@@ -417,6 +509,9 @@ pub struct RequestEvent {
     pub checkpoint_hit: Option<bool>,
     /// Whether the compaction cache answered (`None`: not looked up).
     pub cache_hit: Option<bool>,
+    /// What the provider billed, priced, and the estimate (when the
+    /// response reported its usage).
+    pub bill: Option<crate::usage::Bill>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -475,6 +570,7 @@ impl RequestEvent {
             rebased: false,
             checkpoint_hit: None,
             cache_hit: None,
+            bill: None,
         }
     }
 
@@ -629,6 +725,34 @@ impl RequestEvent {
                 })
                 .observe(seconds);
         }
+        if let Some(bill) = &self.bill {
+            let billed = series.bill(metrics, &bill.family);
+            let u = &bill.usage;
+            for (counter, tokens) in
+                billed
+                    .input
+                    .iter()
+                    .zip([u.uncached_input, u.cache_read, u.cache_write])
+            {
+                counter.inc_by(tokens);
+            }
+            billed.output.inc_by(u.output);
+            let labels = [&*self.route, policy, &*self.tenant, &*bill.family];
+            if let Some(cost) = bill.cost {
+                billed
+                    .cost
+                    .get_or_init(|| metrics.billed_cost.with_label_values(&labels))
+                    .inc_by(cost);
+            }
+            if let Some(estimate) = &bill.estimate {
+                let [saved, extra] = billed.estimate.get_or_init(|| {
+                    [&metrics.estimated_saved_cost, &metrics.estimated_extra_cost]
+                        .map(|v| v.with_label_values(&labels))
+                });
+                saved.inc_by(estimate.saved);
+                extra.inc_by(estimate.extra);
+            }
+        }
         if let Some(seconds) = self.upstream_seconds {
             series
                 .upstream_duration
@@ -665,6 +789,8 @@ impl RequestEvent {
             (Some(l.input_chars), Some(l.output_chars))
         });
         let ms = |seconds: f64| (seconds * 1e6).round() / 1e3;
+        let usage = self.bill.as_ref().map(|b| b.usage);
+        let estimate = self.bill.as_ref().and_then(|b| b.estimate);
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
@@ -683,6 +809,14 @@ impl RequestEvent {
                     compaction_ms = self.compaction_seconds.map(ms),
                     upstream_ms = self.upstream_seconds.map(ms),
                     total_ms = ms(self.total_seconds),
+                    model = self.bill.as_ref().map(|b| &*b.family),
+                    billed_uncached = usage.map(|u| u.uncached_input),
+                    billed_cache_read = usage.map(|u| u.cache_read),
+                    billed_cache_write = usage.map(|u| u.cache_write),
+                    billed_output = usage.map(|u| u.output),
+                    billed_cost = self.bill.as_ref().and_then(|b| b.cost),
+                    estimated_saved_cost = estimate.map(|e| e.saved),
+                    estimated_extra_cost = estimate.map(|e| e.extra),
                     ending = self.ending.label(),
                     error = self.ending.detail(),
                     "request"

@@ -220,6 +220,8 @@ pub struct Runtime {
     routes: Vec<Route>,
     tenant_header: HeaderName,
     tenants: HashMap<Arc<str>, Arc<CompiledPolicy>>,
+    /// `[prices]`, compiled: costs and the model-family label of billing.
+    pub prices: Arc<crate::usage::Prices>,
 }
 
 /// What applies to one request on a matched route.
@@ -432,8 +434,16 @@ impl Runtime {
             }
         }
 
+        let prices = crate::usage::Prices::compile(&config.prices).unwrap_or_else(|list| {
+            for (path, message) in list {
+                problem(path, message);
+            }
+            crate::usage::Prices::default()
+        });
+
         match (listen, upstream, tenant_header) {
             (Ok(listen), Ok(upstream), Ok(tenant_header)) if problems.is_empty() => Ok(Runtime {
+                prices: Arc::new(prices),
                 config,
                 listen,
                 upstream,

@@ -45,6 +45,9 @@ pub(super) struct Decided {
     pub seconds: Option<f64>,
     /// Whether the cache answered (`None`: not looked up).
     pub cache_hit: Option<bool>,
+    /// The decoded original body's print, for the bill's estimate (only
+    /// when prices are configured: nothing else needs it).
+    pub print: Option<crate::usage::Print>,
 }
 
 impl Decided {
@@ -54,6 +57,7 @@ impl Decided {
             outcome: None,
             seconds: None,
             cache_hit: None,
+            print: None,
         }
     }
 }
@@ -82,6 +86,7 @@ pub(super) async fn decide(
     let limits = Limits {
         body_bytes: runtime.config.server.max_body_bytes,
         messages: runtime.config.server.max_messages,
+        print: !runtime.prices.is_empty(),
     };
     let format = resolution.format;
     let computed = if decide_inline(&raw, coding, &resolution.policy) {
@@ -123,7 +128,7 @@ pub(super) async fn decide(
     };
 
     let policy = &resolution.policy;
-    let ((outcome, hit), seconds) = match computed {
+    let ((outcome, hit, print), seconds) = match computed {
         Ok((Ok(computed), seconds)) => (computed, seconds),
         Ok((Err(Decline::Skip(reason)), _)) => return Ok(Decided::skipped(reason)),
         Ok((Err(Decline::Refuse(e)), _)) => return Err(e),
@@ -138,6 +143,7 @@ pub(super) async fn decide(
         outcome: Some(outcome),
         seconds: Some(seconds),
         cache_hit: Some(hit),
+        print,
     })
 }
 
@@ -145,7 +151,12 @@ pub(super) async fn decide(
 struct Limits {
     body_bytes: usize,
     messages: usize,
+    /// Take the decoded body's print ([`crate::usage::Print`]).
+    print: bool,
 }
+
+/// An outcome, whether the cache answered, and the body's print.
+type Computed = (Arc<Outcome>, bool, Option<crate::usage::Print>);
 
 /// Decodes, looks up the cache, and compacts on a miss; the bool says
 /// whether the outcome came from the cache. Runs on the blocking pool.
@@ -157,13 +168,14 @@ fn compute(
     coding: Coding,
     limits: Limits,
     goal: Option<String>,
-) -> Result<(Arc<Outcome>, bool), Decline> {
+) -> Result<Computed, Decline> {
     let decoded = match body::decode(raw, coding, limits.body_bytes) {
         Ok(decoded) => decoded,
         Err(e @ ProxyError::BodyTooLarge { .. }) => return Err(Decline::Refuse(e)),
         // Not ours to judge: the upstream may read what we cannot.
         Err(_) => return Err(Decline::Skip("undecodable-body")),
     };
+    let print = limits.print.then(|| crate::usage::Print::of(&decoded));
     if let Some(goal) = goal {
         // The goal is not part of the cache key: compute, never cache.
         let policy = policy.with_goal(goal);
@@ -175,11 +187,11 @@ fn compute(
             &state.checkpoints,
         )
         .map_err(|skip| Decline::Skip(skip.reason()))?;
-        return Ok((Arc::new(outcome), false));
+        return Ok((Arc::new(outcome), false, print));
     }
     let key = CompactionCache::key(policy.id, format, &decoded);
     if let Some(hit) = state.cache.get(key, &decoded) {
-        return Ok((hit, true));
+        return Ok((hit, true, print));
     }
     let outcome = outcome_of(
         &decoded,
@@ -193,7 +205,7 @@ fn compute(
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
     state.cache.insert(key, &decoded, outcome.clone());
-    Ok((outcome, false))
+    Ok((outcome, false, print))
 }
 
 /// What compacting a decoded body under `policy` gives: the pure core of

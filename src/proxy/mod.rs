@@ -32,7 +32,10 @@
 //!    timeout; a departing client drops the upstream request. A protocol
 //!    upgrade (WebSocket) answered 101 becomes a byte tunnel.
 //! 8. **record** ([`crate::metrics::RequestEvent`]): when the response body
-//!    ends, one event updates the metrics and writes the log line.
+//!    ends, one event updates the metrics and writes the log line, with the
+//!    bill ([`crate::usage`]): the `usage` the provider reported, read from
+//!    the frames as they passed in step 7, priced, and set against the
+//!    estimated cost of the original request.
 
 pub mod admin;
 pub mod body;
@@ -114,6 +117,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             bypass_refused,
             stable: None,
             report_id: None,
+            baseline: None,
         };
         return forward(
             &state,
@@ -141,6 +145,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         };
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
+    let print = decided.print;
     let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
         .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
@@ -155,6 +160,17 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         }
         _ => raw,
     };
+    // The bill's estimate measures the original against recent ones.
+    let baseline = print.map(|print| {
+        let forwarded = match (&outcome, status) {
+            (Some(o), Status::Compacted) => o.rewritten.as_ref().map_or(print.bytes, |b| b.len()),
+            _ => print.bytes,
+        };
+        let as_is = status != Status::Compacted;
+        state
+            .prints
+            .observe(&resolution.tenant, print, forwarded, as_is)
+    });
     let stable = outcome.as_ref().and_then(|o| o.stable);
     let loss = outcome.map(|o| o.loss);
     record.loss = loss;
@@ -167,6 +183,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         bypass_refused,
         stable,
         report_id,
+        baseline,
     };
     forward(
         &state,
@@ -226,6 +243,8 @@ struct Verdict {
     stable: Option<StableInfo>,
     /// The id under which this request's per-message report is kept.
     report_id: Option<String>,
+    /// What the bill's estimate knows of the original request.
+    baseline: Option<crate::usage::Baseline>,
 }
 
 impl Verdict {
@@ -371,7 +390,25 @@ async fn forward(
     record.upstream_first_byte_seconds = Some(sent.elapsed().as_secs_f64());
     record.response_status = parts.status.as_u16();
 
-    let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {
+    // Step 8's bill: the usage the response reports, on matched routes.
+    let reader = verdict.as_ref().and_then(|v| {
+        crate::usage::Reader::for_response(v.resolution.format, parts.status, &parts.headers)
+    });
+    let billing = verdict.map(|v| {
+        (
+            runtime.prices.clone(),
+            v.baseline,
+            v.resolution.format,
+            v.report_id,
+        )
+    });
+    let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd, read| {
+        if let (Some(read), Some((prices, baseline, format, report_id))) = (read, billing) {
+            record.bill = crate::usage::Bill::of(read, &prices, baseline.as_ref(), format);
+            if let (Some(id), Some(bill)) = (report_id, &record.bill) {
+                record.state.bills.insert(id, bill.clone());
+            }
+        }
         record.upstream_seconds = Some(sent.elapsed().as_secs_f64());
         record.finish(match end {
             BodyEnd::Complete => Ending::Complete,
@@ -379,7 +416,7 @@ async fn forward(
             BodyEnd::Abandoned => Ending::ClientGone,
         });
     });
-    Response::from_parts(parts, watched.boxed_unsync())
+    Response::from_parts(parts, watched.reading(reader).boxed_unsync())
 }
 
 /// Joins an upgraded client connection to the upgraded upstream one and
