@@ -883,6 +883,60 @@ mod tests {
         }
     }
 
+    /// A priced bill with an estimate: 100 uncached, 800 read, 50 written, 20 out.
+    fn bill() -> crate::usage::Bill {
+        let usage = crate::usage::Usage {
+            uncached_input: 100,
+            cache_read: 800,
+            cache_write: 50,
+            output: 20,
+            ..Default::default()
+        };
+        crate::usage::Bill {
+            model: Some("gpt-4o-2024-08-06".into()),
+            family: "gpt-4o".into(),
+            usage,
+            cost: Some(0.25),
+            estimate: Some(crate::usage::Estimate {
+                original: usage,
+                original_cost: 0.75,
+                saved: 0.5,
+                extra: 0.0,
+            }),
+        }
+    }
+
+    #[test]
+    fn bills_add_up_by_kind_and_model_family_and_reach_the_log_line() {
+        let m = Metrics::new();
+        let mut e = event(Status::Compacted, Some(loss(0.4)));
+        e.bill = Some(bill());
+        serially(|| e.emit(&m));
+        let log = json_log_of(|| e.emit(&m));
+        let text = m.render();
+        let input = |kind: &str| {
+            sample(
+                &text,
+                "compaction_proxy_billed_input_tokens_total",
+                &[&format!("kind=\"{kind}\""), "model=\"gpt-4o\""],
+            )
+        };
+        assert_eq!(input("uncached"), Some(200.0), "{text}");
+        assert_eq!(input("cache_read"), Some(1600.0));
+        assert_eq!(input("cache_write"), Some(100.0));
+        let one = |name: &str| sample(&text, name, &["model=\"gpt-4o\"", "tenant=\"other\""]);
+        assert_eq!(one("compaction_proxy_billed_output_tokens_total"), Some(40.0));
+        assert_eq!(one("compaction_proxy_billed_cost_total"), Some(0.5));
+        assert_eq!(one("compaction_proxy_estimated_saved_cost_total"), Some(1.0));
+        assert_eq!(one("compaction_proxy_estimated_extra_cost_total"), Some(0.0));
+        let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        let fields = &line["fields"];
+        assert_eq!(fields["billed_cache_read"], 800, "{log}");
+        assert_eq!(fields["billed_uncached"], 100, "{log}");
+        assert_eq!(fields["model"], "gpt-4o", "{log}");
+        assert_eq!(fields["estimated_saved_cost"], 0.5, "{log}");
+    }
+
     /// The value of the one sample of `name` whose labels include `labels`.
     fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         text.lines()
@@ -896,6 +950,7 @@ mod tests {
         let m = Metrics::new();
         let mut cached = event(Status::Compacted, Some(loss(0.4)));
         cached.cache_hit = Some(true);
+        cached.bill = Some(bill());
         serially(|| cached.emit(&m));
         serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
         for hit in [true, false] {

@@ -993,6 +993,36 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn price_tables_are_read_and_checked_with_their_paths() {
+        let rt = Runtime::load_text(
+            Some("[prices.\"gpt-4o\"]\nuncached = 2.5\ncache_read = 1.25\noutput = 10\ncurrency = \"USD\""),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        let price = rt.prices.price(Some("gpt-4o-2024-08-06")).unwrap();
+        assert_eq!((price.uncached, price.cache_read, price.cache_write), (2.5, 1.25, 2.5));
+        assert_eq!(rt.prices.currency, "USD");
+        let err = Runtime::load_text(
+            Some("[prices.\"gpt-4o\"]\nuncached = -1\noutput = 10\ncach_read = 1\n[prices.claude]\nuncached = 3\noutput = 15\ncurrency = \"EUR\""),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "prices.\"gpt-4o\".cach_read",
+                "prices.\"gpt-4o\".uncached",
+                // Tables are read in name order: claude's currency first.
+                "prices.\"gpt-4o\".currency",
+            ],
+            "{err}"
+        );
+    }
 }
 
 #[cfg(test)]
