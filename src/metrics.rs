@@ -925,10 +925,19 @@ mod tests {
         assert_eq!(input("cache_read"), Some(1600.0));
         assert_eq!(input("cache_write"), Some(100.0));
         let one = |name: &str| sample(&text, name, &["model=\"gpt-4o\"", "tenant=\"other\""]);
-        assert_eq!(one("compaction_proxy_billed_output_tokens_total"), Some(40.0));
+        assert_eq!(
+            one("compaction_proxy_billed_output_tokens_total"),
+            Some(40.0)
+        );
         assert_eq!(one("compaction_proxy_billed_cost_total"), Some(0.5));
-        assert_eq!(one("compaction_proxy_estimated_saved_cost_total"), Some(1.0));
-        assert_eq!(one("compaction_proxy_estimated_extra_cost_total"), Some(0.0));
+        assert_eq!(
+            one("compaction_proxy_estimated_saved_cost_total"),
+            Some(1.0)
+        );
+        assert_eq!(
+            one("compaction_proxy_estimated_extra_cost_total"),
+            Some(0.0)
+        );
         let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
         let fields = &line["fields"];
         assert_eq!(fields["billed_cache_read"], 800, "{log}");

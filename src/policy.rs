@@ -1003,7 +1003,10 @@ mod tests {
         )
         .unwrap();
         let price = rt.prices.price(Some("gpt-4o-2024-08-06")).unwrap();
-        assert_eq!((price.uncached, price.cache_read, price.cache_write), (2.5, 1.25, 2.5));
+        assert_eq!(
+            (price.uncached, price.cache_read, price.cache_write),
+            (2.5, 1.25, 2.5)
+        );
         assert_eq!(rt.prices.currency, "USD");
         let err = Runtime::load_text(
             Some("[prices.\"gpt-4o\"]\nuncached = -1\noutput = 10\ncach_read = 1\n[prices.claude]\nuncached = 3\noutput = 15\ncurrency = \"EUR\""),

@@ -32,3 +32,4 @@ mod sdk_openai;
 mod stable_mode;
 mod stable_relevance;
 mod upstream_pool;
+mod usage_billing;
