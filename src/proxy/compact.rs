@@ -45,9 +45,10 @@ pub(super) struct Decided {
     pub seconds: Option<f64>,
     /// Whether the cache answered (`None`: not looked up).
     pub cache_hit: Option<bool>,
-    /// The decoded original body's print, for the bill's estimate (only
-    /// when prices are configured: nothing else needs it).
-    pub print: Option<crate::usage::Print>,
+    /// What the bill's estimate knows of the original body, measured
+    /// against the recent ones (only when prices are configured: nothing
+    /// else needs it).
+    pub baseline: Option<crate::usage::Baseline>,
 }
 
 impl Decided {
@@ -57,7 +58,7 @@ impl Decided {
             outcome: None,
             seconds: None,
             cache_hit: None,
-            print: None,
+            baseline: None,
         }
     }
 }
@@ -86,8 +87,9 @@ pub(super) async fn decide(
     let limits = Limits {
         body_bytes: runtime.config.server.max_body_bytes,
         messages: runtime.config.server.max_messages,
-        print: !runtime.prices.is_empty(),
     };
+    // The tenant whose recent originals the estimate measures against.
+    let billing = (!runtime.prices.is_empty()).then(|| resolution.tenant.clone());
     let format = resolution.format;
     let computed = if decide_inline(&raw, coding, &resolution.policy) {
         let started = Instant::now();
@@ -103,6 +105,7 @@ pub(super) async fn decide(
                 coding,
                 limits,
                 goal,
+                billing.as_deref(),
             )
         }))
         .unwrap_or_else(|_| {
@@ -121,14 +124,23 @@ pub(super) async fn decide(
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let started = Instant::now();
-            let result = compute(&task_state, &policy, format, &raw, coding, limits, goal);
+            let result = compute(
+                &task_state,
+                &policy,
+                format,
+                &raw,
+                coding,
+                limits,
+                goal,
+                billing.as_deref(),
+            );
             (result, started.elapsed().as_secs_f64())
         })
         .await
     };
 
     let policy = &resolution.policy;
-    let ((outcome, hit, print), seconds) = match computed {
+    let ((outcome, hit, baseline), seconds) = match computed {
         Ok((Ok(computed), seconds)) => (computed, seconds),
         Ok((Err(Decline::Skip(reason)), _)) => return Ok(Decided::skipped(reason)),
         Ok((Err(Decline::Refuse(e)), _)) => return Err(e),
@@ -143,7 +155,7 @@ pub(super) async fn decide(
         outcome: Some(outcome),
         seconds: Some(seconds),
         cache_hit: Some(hit),
-        print,
+        baseline,
     })
 }
 
@@ -151,12 +163,29 @@ pub(super) async fn decide(
 struct Limits {
     body_bytes: usize,
     messages: usize,
-    /// Take the decoded body's print ([`crate::usage::Print`]).
-    print: bool,
 }
 
-/// An outcome, whether the cache answered, and the body's print.
-type Computed = (Arc<Outcome>, bool, Option<crate::usage::Print>);
+/// An outcome, whether the cache answered, and the bill's baseline.
+type Computed = (Arc<Outcome>, bool, Option<crate::usage::Baseline>);
+
+/// Measures the decoded original against `tenant`'s recent ones for the
+/// bill's estimate, given what is forwarded.
+fn baseline(
+    state: &AppState,
+    tenant: Option<&str>,
+    decoded: &[u8],
+    policy: &CompiledPolicy,
+    outcome: &Outcome,
+) -> Option<crate::usage::Baseline> {
+    let tenant = tenant?;
+    let rewritten = outcome.rewritten.as_ref().filter(|_| !policy.dry_run);
+    let forwarded = rewritten.map_or(decoded.len(), Bytes::len);
+    Some(
+        state
+            .prints
+            .observe(tenant, decoded, forwarded, rewritten.is_none()),
+    )
+}
 
 /// Decodes, looks up the cache, and compacts on a miss; the bool says
 /// whether the outcome came from the cache. Runs on the blocking pool.
@@ -168,6 +197,7 @@ fn compute(
     coding: Coding,
     limits: Limits,
     goal: Option<String>,
+    billing: Option<&str>,
 ) -> Result<Computed, Decline> {
     let decoded = match body::decode(raw, coding, limits.body_bytes) {
         Ok(decoded) => decoded,
@@ -175,7 +205,6 @@ fn compute(
         // Not ours to judge: the upstream may read what we cannot.
         Err(_) => return Err(Decline::Skip("undecodable-body")),
     };
-    let print = limits.print.then(|| crate::usage::Print::of(&decoded));
     if let Some(goal) = goal {
         // The goal is not part of the cache key: compute, never cache.
         let policy = policy.with_goal(goal);
@@ -187,11 +216,13 @@ fn compute(
             &state.checkpoints,
         )
         .map_err(|skip| Decline::Skip(skip.reason()))?;
-        return Ok((Arc::new(outcome), false, print));
+        let measured = baseline(state, billing, &decoded, &policy, &outcome);
+        return Ok((Arc::new(outcome), false, measured));
     }
     let key = CompactionCache::key(policy.id, format, &decoded);
     if let Some(hit) = state.cache.get(key, &decoded) {
-        return Ok((hit, true, print));
+        let measured = baseline(state, billing, &decoded, policy, &hit);
+        return Ok((hit, true, measured));
     }
     let outcome = outcome_of(
         &decoded,
@@ -205,7 +236,8 @@ fn compute(
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
     state.cache.insert(key, &decoded, outcome.clone());
-    Ok((outcome, false, print))
+    let measured = baseline(state, billing, &decoded, policy, &outcome);
+    Ok((outcome, false, measured))
 }
 
 /// What compacting a decoded body under `policy` gives: the pure core of

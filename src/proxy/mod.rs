@@ -145,7 +145,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         };
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
-    let print = decided.print;
+    let baseline = decided.baseline;
     let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
         .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
@@ -160,17 +160,6 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         }
         _ => raw,
     };
-    // The bill's estimate measures the original against recent ones.
-    let baseline = print.map(|print| {
-        let forwarded = match (&outcome, status) {
-            (Some(o), Status::Compacted) => o.rewritten.as_ref().map_or(print.bytes, |b| b.len()),
-            _ => print.bytes,
-        };
-        let as_is = status != Status::Compacted;
-        state
-            .prints
-            .observe(&resolution.tenant, print, forwarded, as_is)
-    });
     let stable = outcome.as_ref().and_then(|o| o.stable);
     let loss = outcome.map(|o| o.loss);
     record.loss = loss;

@@ -41,18 +41,22 @@ const PRINTS_PER_KEY: usize = 8;
 pub const PRINT_TTL: Duration = Duration::from_secs(300);
 
 /// A body's prefix hashes: `blocks[i]` covers its first `(i + 1) * BLOCK`
-/// bytes, chained so that equal hashes mean equal prefixes.
+/// bytes, chained so that equal hashes mean equal prefixes; and the bytes
+/// after its last whole block, so that a later body that extends this one
+/// is measured to the byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Print {
     pub blocks: Vec<u64>,
+    pub tail: Box<[u8]>,
     pub bytes: usize,
 }
 
 impl Print {
     pub fn of(body: &[u8]) -> Print {
         let mut hash = 0u64;
-        let blocks = body
-            .chunks_exact(BLOCK)
+        let chunks = body.chunks_exact(BLOCK);
+        let tail = chunks.remainder().into();
+        let blocks = chunks
             .map(|block| {
                 hash = xxh3_64_with_seed(block, hash);
                 hash
@@ -60,6 +64,7 @@ impl Print {
             .collect();
         Print {
             blocks,
+            tail,
             bytes: body.len(),
         }
     }
@@ -71,6 +76,25 @@ impl Print {
             .zip(&other.blocks)
             .take_while(|(a, b)| a == b)
             .count()
+    }
+
+    /// Leading bytes `body` (whose print is `print`) shares with the body
+    /// this is the print of.
+    fn common_bytes(&self, print: &Print, body: &[u8]) -> usize {
+        let blocks = self.common(print);
+        let start = blocks * BLOCK;
+        if blocks < self.blocks.len() {
+            return start;
+        }
+        // Every whole block of this one matched: on into its tail.
+        let rest = body.get(start..).unwrap_or_default();
+        start
+            + self
+                .tail
+                .iter()
+                .zip(rest)
+                .take_while(|(a, b)| a == b)
+                .count()
     }
 }
 
@@ -109,7 +133,10 @@ impl PrefixMemory {
             prints: moka::sync::Cache::builder()
                 .max_capacity(max_bytes)
                 .weigher(|_, entries: &Arc<Vec<Entry>>| {
-                    let bytes: usize = entries.iter().map(|e| 32 + e.print.blocks.len() * 8).sum();
+                    let bytes: usize = entries
+                        .iter()
+                        .map(|e| 64 + e.print.blocks.len() * 8 + e.print.tail.len())
+                        .sum();
                     u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
                 .time_to_idle(PRINT_TTL)
@@ -117,15 +144,17 @@ impl PrefixMemory {
         }
     }
 
-    /// Measures `original` against the recent originals of `tenant`, and
-    /// remembers it. `forwarded_as_is`: the proxy sent it upstream unchanged.
+    /// Measures the `original` (decoded) body against the recent
+    /// originals of `tenant`, and remembers it. `forwarded_as_is`: the
+    /// proxy sent it upstream unchanged.
     pub fn observe(
         &self,
         tenant: &str,
-        original: Print,
+        body: &[u8],
         forwarded_bytes: usize,
         forwarded_as_is: bool,
     ) -> Baseline {
+        let original = Print::of(body);
         let original_bytes = original.bytes;
         let Some(&first) = original.blocks.first() else {
             // Shorter than a block: nothing a provider would cache.
@@ -141,7 +170,7 @@ impl PrefixMemory {
         let best = earlier
             .iter()
             .flat_map(|e| e.iter())
-            .map(|e| (original.common(&e.print), e))
+            .map(|e| (e.print.common_bytes(&original, body), e))
             .max_by_key(|(common, _)| *common);
         let (common, history_as_is) = best.map_or((0, true), |(c, e)| (c, e.as_is));
         let as_is = forwarded_as_is && history_as_is;
@@ -167,7 +196,7 @@ impl PrefixMemory {
         Baseline {
             original_bytes,
             forwarded_bytes,
-            cached_bytes: (common * BLOCK).min(original_bytes),
+            cached_bytes: common.min(original_bytes),
             as_is,
         }
     }
@@ -260,20 +289,29 @@ mod tests {
         let first = body(4, b'a');
         let mut second = first.clone();
         second.extend(body(2, b'b'));
-        memory.observe("t", Print::of(&first), 1000, false);
-        let baseline = memory.observe("t", Print::of(&second), 1000, false);
+        memory.observe("t", &first, 1000, false);
+        let baseline = memory.observe("t", &second, 1000, false);
         assert_eq!(baseline.cached_bytes, 4 * BLOCK);
         assert_eq!(baseline.original_bytes, 6 * BLOCK);
         // Another tenant shares nothing.
-        let other = memory.observe("u", Print::of(&second), 1000, false);
+        let other = memory.observe("u", &second, 1000, false);
         assert_eq!(other.cached_bytes, 0);
+        // A body that extends the last one within a block is measured to the byte.
+        let mut third = second.clone();
+        third.extend(b"0123456789");
+        let mut fourth = third.clone();
+        fourth.truncate(third.len() - 3);
+        fourth.extend(b"xyz and more");
+        memory.observe("t", &third, 1000, false);
+        let b = memory.observe("t", &fourth, 1000, false);
+        assert_eq!(b.cached_bytes, 6 * BLOCK + 7);
     }
 
     #[test]
     fn an_untouched_conversation_costs_what_it_was_billed() {
         let memory = PrefixMemory::new(1 << 20);
         let first = body(3, b'a');
-        let b = memory.observe("t", Print::of(&first), first.len(), true);
+        let b = memory.observe("t", &first, first.len(), true);
         assert!(b.as_is);
         let actual = Usage {
             uncached_input: 700,
@@ -340,11 +378,11 @@ mod tests {
             b.extend(body(3, tail));
             b
         };
-        memory.observe("t", Print::of(&with(b'x')), 1, false);
-        memory.observe("t", Print::of(&with(b'y')), 1, false);
+        memory.observe("t", &with(b'x'), 1, false);
+        memory.observe("t", &with(b'y'), 1, false);
         let mut longer = with(b'x');
         longer.extend(body(1, b'z'));
-        let b = memory.observe("t", Print::of(&longer), 1, false);
+        let b = memory.observe("t", &longer, 1, false);
         assert_eq!(b.cached_bytes, 5 * BLOCK, "x's conversation is still known");
     }
 }

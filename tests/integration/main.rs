@@ -33,3 +33,4 @@ mod stable_mode;
 mod stable_relevance;
 mod upstream_pool;
 mod usage_billing;
+mod usage_estimate;
