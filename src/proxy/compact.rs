@@ -87,9 +87,8 @@ pub(super) async fn decide(
     let limits = Limits {
         body_bytes: runtime.config.server.max_body_bytes,
         messages: runtime.config.server.max_messages,
+        billing: (!runtime.prices.is_empty()).then(|| resolution.tenant.clone()),
     };
-    // The tenant whose recent originals the estimate measures against.
-    let billing = (!runtime.prices.is_empty()).then(|| resolution.tenant.clone());
     let format = resolution.format;
     let computed = if decide_inline(&raw, coding, &resolution.policy) {
         let started = Instant::now();
@@ -105,7 +104,6 @@ pub(super) async fn decide(
                 coding,
                 limits,
                 goal,
-                billing.as_deref(),
             )
         }))
         .unwrap_or_else(|_| {
@@ -124,16 +122,7 @@ pub(super) async fn decide(
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let started = Instant::now();
-            let result = compute(
-                &task_state,
-                &policy,
-                format,
-                &raw,
-                coding,
-                limits,
-                goal,
-                billing.as_deref(),
-            );
+            let result = compute(&task_state, &policy, format, &raw, coding, limits, goal);
             (result, started.elapsed().as_secs_f64())
         })
         .await
@@ -159,10 +148,13 @@ pub(super) async fn decide(
     })
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Limits {
     body_bytes: usize,
     messages: usize,
+    /// With prices configured: the tenant whose recent originals the
+    /// bill's estimate measures this body against.
+    billing: Option<Arc<str>>,
 }
 
 /// An outcome, whether the cache answered, and the bill's baseline.
@@ -197,8 +189,8 @@ fn compute(
     coding: Coding,
     limits: Limits,
     goal: Option<String>,
-    billing: Option<&str>,
 ) -> Result<Computed, Decline> {
+    let billing = limits.billing.as_deref();
     let decoded = match body::decode(raw, coding, limits.body_bytes) {
         Ok(decoded) => decoded,
         Err(e @ ProxyError::BodyTooLarge { .. }) => return Err(Decline::Refuse(e)),

@@ -10,9 +10,6 @@
 //! ones; the proxy's estimate (`estimated_saved_cost_total` less
 //! `estimated_extra_cost_total`) must agree within 5%.
 
-#[path = "../../benches/support/conversation_sim.rs"]
-mod sim;
-
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
+use crate::stable_mode::sim;
 use crate::support::*;
 
 const UNCACHED: f64 = 1.0;
