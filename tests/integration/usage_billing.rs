@@ -420,3 +420,22 @@ async fn a_kept_reports_bill_is_there_for_the_inspector_once_the_answer_ends() {
     let json = serde_json::to_value(&*bill).unwrap();
     assert_eq!(json["usage"]["cache_read"], 64, "{json}");
 }
+
+#[tokio::test]
+async fn a_compacted_requests_answer_is_billed_too() {
+    let upstream = MockUpstream::start(Behavior::Json(
+        200,
+        json!({"model": "gpt-4o", "usage": {"prompt_tokens": 10, "completion_tokens": 2}}),
+    ))
+    .await;
+    let config = format!("{PRICES}\n[policies.default]\nbudget_chars = 400\nkeep_last_n = 1\n");
+    let proxy = TestProxy::start(&config, &upstream.url()).await;
+    let messages: Vec<serde_json::Value> = (0..20)
+        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("message number {i} with some words in it to fill the budget")}))
+        .collect();
+    let body = json!({"model": "gpt-4o", "messages": messages}).to_string();
+    let answer = send(post_json(&proxy.url("/v1/chat/completions"), body)).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    let text = metrics_after(&proxy, 1.0).await;
+    assert_eq!(output(&text, "gpt-4o"), Some(2.0), "{text}");
+}
