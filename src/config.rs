@@ -24,7 +24,7 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment overrides; `__` separates the key path.
 pub const ENV_PREFIX: &str = "COMPACTION_PROXY_";
 /// The top-level tables of a configuration.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "server",
     "upstream",
     "cache",
@@ -32,6 +32,7 @@ const SECTIONS: [&str; 7] = [
     "routes",
     "tenants",
     "inspector",
+    "prices",
 ];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -44,6 +45,30 @@ pub struct Config {
     pub tenants: TenantsConfig,
     #[serde(default)]
     pub inspector: InspectorConfig,
+    /// Prices per million tokens by model-name prefix (`[prices."gpt-4o"]`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, PriceConfig>,
+}
+
+/// One `[prices."<model prefix>"]` table: prices per million tokens.
+/// `uncached` and `output` are required; `cache_read` and `cache_write`
+/// default to `uncached` (no discount known), `cache_write_1h` to
+/// `cache_write`; `currency` is a note, the same for every table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PriceConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncached: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -774,6 +799,19 @@ pub fn read_value(merged: &Value) -> (Config, Vec<ConfigProblem>) {
         Some(_) => problems.push(ConfigProblem {
             path: "policies".into(),
             message: "must be a table of named policies".into(),
+        }),
+    }
+    match root.get("prices") {
+        None => {}
+        Some(Value::Object(prices)) => {
+            for (prefix, v) in prices {
+                let price = section(v, &format!("prices.{prefix:?}"), &mut problems);
+                config.prices.insert(prefix.clone(), price);
+            }
+        }
+        Some(_) => problems.push(ConfigProblem {
+            path: "prices".into(),
+            message: "must be a table of model prefixes ([prices.\"gpt-4o\"])".into(),
         }),
     }
     match root.get("routes") {

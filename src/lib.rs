@@ -13,6 +13,8 @@
 //! - [`config`] and [`policy`]: layered configuration and policy resolution.
 //! - [`cache`]: outcomes of repeated bodies and stable mode's checkpoints.
 //! - [`proxy`]: server, forwarding, headers, streaming.
+//! - [`usage`]: the provider's billed usage, read from responses as they
+//!   pass, priced, and the estimate of what the original would have cost.
 //! - [`metrics`]: what operators watch ([`proxy::admin`] serves it).
 //! - [`error`]: the proxy's own failures as HTTP answers.
 //! - [`cli`]: the commands of the binary.
@@ -33,3 +35,4 @@ pub mod metrics;
 pub mod outcome;
 pub mod policy;
 pub mod proxy;
+pub mod usage;

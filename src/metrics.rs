@@ -9,8 +9,8 @@ use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    exponential_buckets, Counter, CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 /// The Prometheus process collector, its `process_cpu_seconds_total` read
@@ -95,6 +95,11 @@ pub struct Metrics {
     checkpoint_misses: IntCounterVec,
     stable_rebases: IntCounterVec,
     config_reloads: IntCounterVec,
+    billed_input_tokens: IntCounterVec,
+    billed_output_tokens: IntCounterVec,
+    billed_cost: CounterVec,
+    estimated_saved_cost: CounterVec,
+    estimated_extra_cost: CounterVec,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
     /// watches for connections that are never let go.
     tasks: IntGauge,
@@ -141,6 +146,8 @@ struct Series {
     upstream_responses: Box<[OnceLock<IntCounter>]>,
     /// `upstream_failures{route, cause}`, by [`UpstreamCause::ALL`].
     upstream_failures: [OnceLock<IntCounter>; 4],
+    /// The billing series by model family (a bounded label).
+    bills: RwLock<FxHashMap<Arc<str>, Arc<BillSeries>>>,
 }
 
 /// Values of the `code_class` label of `requests_total`: the class of the
@@ -155,6 +162,19 @@ fn code_class(code: u16) -> usize {
         _ => CODE_CLASSES.len() - 1,
     }
 }
+
+/// The billing series of one (route, policy, tenant, model family).
+struct BillSeries {
+    /// By kind: uncached, cache_read, cache_write ([`INPUT_KINDS`]).
+    input: [IntCounter; 3],
+    output: IntCounter,
+    cost: OnceLock<Counter>,
+    /// Saved and extra, made together so either reads 0 before it moves.
+    estimate: OnceLock<[Counter; 2]>,
+}
+
+/// The `kind` label of `billed_input_tokens_total`.
+pub const INPUT_KINDS: [&str; 3] = ["uncached", "cache_read", "cache_write"];
 
 /// The agent passes, as labelled in `pass_chars_total`.
 const PASSES: [&str; 3] = ["pruned", "clipped", "deduped_tool"];
@@ -184,7 +204,38 @@ impl Series {
             stable_rebases: OnceLock::new(),
             upstream_responses: (100..600).map(|_| OnceLock::new()).collect(),
             upstream_failures: Default::default(),
+            bills: RwLock::default(),
         }
+    }
+
+    /// The billing series of `family`, made on its first bill.
+    fn bill(&self, metrics: &Metrics, family: &Arc<str>) -> Arc<BillSeries> {
+        if let Some(found) = self
+            .bills
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(family)
+        {
+            return found.clone();
+        }
+        let labels = [&*self.route, &*self.policy, &*self.tenant, &**family];
+        let made = Arc::new(BillSeries {
+            input: INPUT_KINDS.map(|kind| {
+                let [route, policy, tenant, model] = labels;
+                metrics
+                    .billed_input_tokens
+                    .with_label_values(&[route, policy, tenant, model, kind])
+            }),
+            output: metrics.billed_output_tokens.with_label_values(&labels),
+            cost: OnceLock::new(),
+            estimate: OnceLock::new(),
+        });
+        self.bills
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(family.clone())
+            .or_insert(made)
+            .clone()
     }
 
     fn loss<'a>(&self, cell: &'a OnceLock<IntCounter>, vec: &IntCounterVec) -> &'a IntCounter {
@@ -195,7 +246,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 26] = [
+pub const FAMILIES: [&str; 31] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -222,7 +273,15 @@ pub const FAMILIES: [&str; 26] = [
     "compaction_proxy_config_reloads_total",
     "compaction_proxy_tasks",
     "compaction_proxy_build_info",
+    "compaction_proxy_billed_input_tokens_total",
+    "compaction_proxy_billed_output_tokens_total",
+    "compaction_proxy_billed_cost_total",
+    "compaction_proxy_estimated_saved_cost_total",
+    "compaction_proxy_estimated_extra_cost_total",
 ];
+
+/// The labels of the billing metrics: the loss labels and the model family.
+const BILL_LABELS: &[&str] = &["route", "policy", "tenant", "model"];
 
 const LOSS_LABELS: &[&str] = &["route", "policy", "tenant"];
 
@@ -300,7 +359,40 @@ impl Metrics {
         registry
             .register(Box::new(tasks.clone()))
             .expect("unique metric");
+        let float_counter = |name: &str, help: &str| {
+            let c = CounterVec::new(
+                Opts::new(format!("compaction_proxy_{name}"), help),
+                BILL_LABELS,
+            )
+            .expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
         Metrics {
+            billed_input_tokens: counter(
+                "billed_input_tokens_total",
+                "Input tokens the provider reported, by kind: uncached, cache_read, cache_write.",
+                &["route", "policy", "tenant", "model", "kind"],
+            ),
+            billed_output_tokens: counter(
+                "billed_output_tokens_total",
+                "Output tokens the provider reported.",
+                BILL_LABELS,
+            ),
+            billed_cost: float_counter(
+                "billed_cost_total",
+                "What the reported usage cost at the configured prices (models with a price).",
+            ),
+            estimated_saved_cost: float_counter(
+                "estimated_saved_cost_total",
+                "Estimated cost the proxy saved: the original requests' estimated cost less the billed one, on requests where that is positive.",
+            ),
+            estimated_extra_cost: float_counter(
+                "estimated_extra_cost_total",
+                "Estimated cost the proxy added (lost prompt-cache hits): the billed cost less the original requests' estimated one, where that is positive.",
+            ),
             requests: counter(
                 "requests_total",
                 "Requests to matched routes by body format, what compaction did, and the class of the status code sent to the client.",
@@ -513,6 +605,9 @@ pub struct RequestEvent {
     pub upstream_failure: Option<UpstreamCause>,
     /// The request's `x-request-id`, given or made.
     pub request_id: Option<http::HeaderValue>,
+    /// What the provider billed, priced, and the estimate (when the
+    /// response reported its usage).
+    pub bill: Option<crate::usage::Bill>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -574,6 +669,7 @@ impl RequestEvent {
             skip_detail: None,
             upstream_failure: None,
             request_id: None,
+            bill: None,
         }
     }
 
@@ -748,6 +844,34 @@ impl RequestEvent {
                 })
                 .observe(seconds);
         }
+        if let Some(bill) = &self.bill {
+            let billed = series.bill(metrics, &bill.family);
+            let u = &bill.usage;
+            for (counter, tokens) in
+                billed
+                    .input
+                    .iter()
+                    .zip([u.uncached_input, u.cache_read, u.cache_write])
+            {
+                counter.inc_by(tokens);
+            }
+            billed.output.inc_by(u.output);
+            let labels = [&*self.route, policy, &*self.tenant, &*bill.family];
+            if let Some(cost) = bill.cost {
+                billed
+                    .cost
+                    .get_or_init(|| metrics.billed_cost.with_label_values(&labels))
+                    .inc_by(cost);
+            }
+            if let Some(estimate) = &bill.estimate {
+                let [saved, extra] = billed.estimate.get_or_init(|| {
+                    [&metrics.estimated_saved_cost, &metrics.estimated_extra_cost]
+                        .map(|v| v.with_label_values(&labels))
+                });
+                saved.inc_by(estimate.saved);
+                extra.inc_by(estimate.extra);
+            }
+        }
         if let Some(seconds) = self.upstream_seconds {
             series
                 .upstream_duration
@@ -791,6 +915,8 @@ impl RequestEvent {
             s => std::borrow::Cow::Borrowed(s.label()),
         });
         let request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok());
+        let usage = self.bill.as_ref().map(|b| b.usage);
+        let estimate = self.bill.as_ref().and_then(|b| b.estimate);
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
@@ -811,6 +937,14 @@ impl RequestEvent {
                     compaction_ms = self.compaction_seconds.map(ms),
                     upstream_ms = self.upstream_seconds.map(ms),
                     total_ms = ms(self.total_seconds),
+                    model = self.bill.as_ref().map(|b| &*b.family),
+                    billed_uncached = usage.map(|u| u.uncached_input),
+                    billed_cache_read = usage.map(|u| u.cache_read),
+                    billed_cache_write = usage.map(|u| u.cache_write),
+                    billed_output = usage.map(|u| u.output),
+                    billed_cost = self.bill.as_ref().and_then(|b| b.cost),
+                    estimated_saved_cost = estimate.map(|e| e.saved),
+                    estimated_extra_cost = estimate.map(|e| e.extra),
                     ending = self.ending.label(),
                     error = self.ending.detail(),
                     "request"
@@ -878,6 +1012,69 @@ mod tests {
         }
     }
 
+    /// A priced bill with an estimate: 100 uncached, 800 read, 50 written, 20 out.
+    fn bill() -> crate::usage::Bill {
+        let usage = crate::usage::Usage {
+            uncached_input: 100,
+            cache_read: 800,
+            cache_write: 50,
+            output: 20,
+            ..Default::default()
+        };
+        crate::usage::Bill {
+            model: Some("gpt-4o-2024-08-06".into()),
+            family: "gpt-4o".into(),
+            usage,
+            cost: Some(0.25),
+            estimate: Some(crate::usage::Estimate {
+                original: usage,
+                original_cost: 0.75,
+                saved: 0.5,
+                extra: 0.0,
+            }),
+        }
+    }
+
+    #[test]
+    fn bills_add_up_by_kind_and_model_family_and_reach_the_log_line() {
+        let m = Metrics::new();
+        let mut e = event(Status::Compacted, Some(loss(0.4)));
+        e.bill = Some(bill());
+        serially(|| e.emit(&m));
+        let log = json_log_of(|| e.emit(&m));
+        let text = m.render();
+        let input = |kind: &str| {
+            sample(
+                &text,
+                "compaction_proxy_billed_input_tokens_total",
+                &[&format!("kind=\"{kind}\""), "model=\"gpt-4o\""],
+            )
+        };
+        assert_eq!(input("uncached"), Some(200.0), "{text}");
+        assert_eq!(input("cache_read"), Some(1600.0));
+        assert_eq!(input("cache_write"), Some(100.0));
+        let one = |name: &str| sample(&text, name, &["model=\"gpt-4o\"", "tenant=\"other\""]);
+        assert_eq!(
+            one("compaction_proxy_billed_output_tokens_total"),
+            Some(40.0)
+        );
+        assert_eq!(one("compaction_proxy_billed_cost_total"), Some(0.5));
+        assert_eq!(
+            one("compaction_proxy_estimated_saved_cost_total"),
+            Some(1.0)
+        );
+        assert_eq!(
+            one("compaction_proxy_estimated_extra_cost_total"),
+            Some(0.0)
+        );
+        let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        let fields = &line["fields"];
+        assert_eq!(fields["billed_cache_read"], 800, "{log}");
+        assert_eq!(fields["billed_uncached"], 100, "{log}");
+        assert_eq!(fields["model"], "gpt-4o", "{log}");
+        assert_eq!(fields["estimated_saved_cost"], 0.5, "{log}");
+    }
+
     /// The value of the one sample of `name` whose labels include `labels`.
     fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         text.lines()
@@ -891,6 +1088,7 @@ mod tests {
         let m = Metrics::new();
         let mut cached = event(Status::Compacted, Some(loss(0.4)));
         cached.cache_hit = Some(true);
+        cached.bill = Some(bill());
         serially(|| cached.emit(&m));
         serially(|| event(Status::Skipped("invalid-json"), None).emit(&m));
         serially(|| event(Status::Refused("body-too-large"), None).emit(&m));

@@ -230,6 +230,8 @@ pub struct Runtime {
     tenants: HashMap<Arc<str>, Arc<CompiledPolicy>>,
     /// `[inspector]`, its token read.
     pub inspector: crate::inspector::Settings,
+    /// `[prices]`, compiled: costs and the model-family label of billing.
+    pub prices: Arc<crate::usage::Prices>,
 }
 
 /// What applies to one request on a matched route.
@@ -449,12 +451,20 @@ impl Runtime {
             }
         }
 
+        let prices = crate::usage::Prices::compile(&config.prices).unwrap_or_else(|list| {
+            for (path, message) in list {
+                problem(path, message);
+            }
+            crate::usage::Prices::default()
+        });
+
         let inspector = crate::inspector::Settings::resolve(&config.inspector, env)
             .map_err(|m| problem("inspector.token_env".into(), m));
 
         match (listen, upstream, tenant_header, inspector) {
             (Ok(listen), Ok(upstream), Ok(tenant_header), Ok(inspector)) if problems.is_empty() => {
                 Ok(Runtime {
+                    prices: Arc::new(prices),
                     config,
                     listen,
                     upstream,
@@ -1033,6 +1043,39 @@ mod tests {
                 "policies.b.pin_patterns[0]",
                 "routes[1].policy",
                 "routes[2].path",
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn price_tables_are_read_and_checked_with_their_paths() {
+        let rt = Runtime::load_text(
+            Some("[prices.\"gpt-4o\"]\nuncached = 2.5\ncache_read = 1.25\noutput = 10\ncurrency = \"USD\""),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        let price = rt.prices.price(Some("gpt-4o-2024-08-06")).unwrap();
+        assert_eq!(
+            (price.uncached, price.cache_read, price.cache_write),
+            (2.5, 1.25, 2.5)
+        );
+        assert_eq!(rt.prices.currency, "USD");
+        let err = Runtime::load_text(
+            Some("[prices.\"gpt-4o\"]\nuncached = -1\noutput = 10\ncach_read = 1\n[prices.claude]\nuncached = 3\noutput = 15\ncurrency = \"EUR\""),
+            Vec::new(),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "prices.\"gpt-4o\".cach_read",
+                "prices.\"gpt-4o\".uncached",
+                // Tables are read in name order: claude's currency first.
+                "prices.\"gpt-4o\".currency",
             ],
             "{err}"
         );

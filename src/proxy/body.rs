@@ -572,8 +572,10 @@ pub struct IdleTimeout(Duration);
 
 /// Passes a response body through frame by frame, cutting it off after
 /// `idle` without a frame, and calling `on_end` exactly once with how it
-/// ended (when the body finishes, fails, or is dropped by a departing client).
-pub struct Watched<B: Body, F: FnOnce(BodyEnd)> {
+/// ended (when the body finishes, fails, or is dropped by a departing
+/// client) and, when it was given a usage reader ([`Watched::reading`]),
+/// what that read.
+pub struct Watched<B: Body, F: FnOnce(BodyEnd, Option<crate::usage::Read>)> {
     inner: B,
     idle: Duration,
     /// Armed the first time the body has nothing to give: most responses
@@ -586,9 +588,11 @@ pub struct Watched<B: Body, F: FnOnce(BodyEnd)> {
     /// after it (SDKs close right after `data: [DONE]`) read everything
     /// there was.
     stream_end: StreamEnd,
+    /// Reads the provider's `usage` from the frames as they pass.
+    usage: Option<crate::usage::Reader>,
 }
 
-impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
+impl<B: Body, F: FnOnce(BodyEnd, Option<crate::usage::Read>)> Watched<B, F> {
     pub fn new(inner: B, idle: Duration, on_end: F) -> Self {
         Watched {
             inner,
@@ -597,12 +601,19 @@ impl<B: Body, F: FnOnce(BodyEnd)> Watched<B, F> {
             moved: false,
             on_end: Some(on_end),
             stream_end: StreamEnd::default(),
+            usage: None,
         }
+    }
+
+    /// Reads the body's usage with `reader` on the way; `on_end` gets it.
+    pub fn reading(mut self, reader: Option<crate::usage::Reader>) -> Self {
+        self.usage = reader;
+        self
     }
 
     fn finish(&mut self, end: BodyEnd) {
         if let Some(f) = self.on_end.take() {
-            f(end);
+            f(end, self.usage.take().map(crate::usage::Reader::finish));
         }
     }
 
@@ -625,7 +636,7 @@ impl<B, F> Body for Watched<B, F>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
-    F: FnOnce(BodyEnd) + Unpin,
+    F: FnOnce(BodyEnd, Option<crate::usage::Read>) + Unpin,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -639,8 +650,13 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 // Only a body of unknown length is a stream whose client may
                 // leave right after its terminal event.
-                if let (Some(data), None) = (frame.data_ref(), this.inner.size_hint().exact()) {
-                    this.stream_end.feed(data);
+                if let Some(data) = frame.data_ref() {
+                    if this.inner.size_hint().exact().is_none() {
+                        this.stream_end.feed(data);
+                    }
+                    if let Some(reader) = &mut this.usage {
+                        reader.feed(data);
+                    }
                 }
                 this.moved = true;
                 // hyper stops polling a body of known length after its last
@@ -685,7 +701,7 @@ where
     }
 }
 
-impl<B: Body, F: FnOnce(BodyEnd)> Drop for Watched<B, F> {
+impl<B: Body, F: FnOnce(BodyEnd, Option<crate::usage::Read>)> Drop for Watched<B, F> {
     fn drop(&mut self) {
         let end = if self.on_end.is_some() && (self.stream_end.seen() || self.inner.is_end_stream())
         {
@@ -917,7 +933,8 @@ mod tests {
         let idle = Duration::from_millis(300);
         let (feed, frames) = tokio::sync::mpsc::unbounded_channel();
         let (ended_tx, ended) = std::sync::mpsc::channel();
-        let mut watched = Watched::new(Fed(frames), idle, move |end| ended_tx.send(end).unwrap());
+        let mut watched =
+            Watched::new(Fed(frames), idle, move |end, _| ended_tx.send(end).unwrap());
         // Six frames a third of the window apart: twice the window in all.
         tokio::spawn(async move {
             for i in 0..6 {
@@ -947,7 +964,7 @@ mod tests {
         ] {
             let (feed, frames) = tokio::sync::mpsc::unbounded_channel();
             let (ended_tx, ended) = std::sync::mpsc::channel();
-            let mut watched = Watched::new(Fed(frames), Duration::from_secs(5), move |end| {
+            let mut watched = Watched::new(Fed(frames), Duration::from_secs(5), move |end, _| {
                 ended_tx.send(end).unwrap()
             });
             feed.send(Bytes::from(last)).unwrap();

@@ -48,6 +48,10 @@ pub(super) struct Decided {
     /// A skip's detail: the message and what is wrong with it
     /// ([`Skip::detail`]), for the status header and the log line.
     pub detail: Option<String>,
+    /// What the bill's estimate knows of the original body, measured
+    /// against the recent ones (only when prices are configured: nothing
+    /// else needs it).
+    pub baseline: Option<crate::usage::Baseline>,
 }
 
 impl Decided {
@@ -58,6 +62,7 @@ impl Decided {
             seconds: None,
             cache_hit: None,
             detail: None,
+            baseline: None,
         }
     }
 }
@@ -88,6 +93,7 @@ pub(super) async fn decide(
     let limits = Limits {
         body_bytes: runtime.config.server.max_body_bytes,
         messages: runtime.config.server.max_messages,
+        billing: (!runtime.prices.is_empty()).then(|| resolution.tenant.clone()),
     };
     let format = resolution.format;
     let computed = if decide_inline(&raw, coding, &resolution.policy) {
@@ -129,7 +135,7 @@ pub(super) async fn decide(
     };
 
     let policy = &resolution.policy;
-    let ((outcome, hit), seconds) = match computed {
+    let ((outcome, hit, baseline), seconds) = match computed {
         Ok((Ok(computed), seconds)) => (computed, seconds),
         Ok((Err(Decline::Skip(reason)), _)) => return Ok(Decided::skipped(reason)),
         Ok((Err(Decline::Read(skip)), _)) => {
@@ -151,13 +157,39 @@ pub(super) async fn decide(
         seconds: Some(seconds),
         cache_hit: Some(hit),
         detail: None,
+        baseline,
     })
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Limits {
     body_bytes: usize,
     messages: usize,
+    /// With prices configured: the tenant whose recent originals the
+    /// bill's estimate measures this body against.
+    billing: Option<Arc<str>>,
+}
+
+/// An outcome, whether the cache answered, and the bill's baseline.
+type Computed = (Arc<Outcome>, bool, Option<crate::usage::Baseline>);
+
+/// Measures the decoded original against `tenant`'s recent ones for the
+/// bill's estimate, given what is forwarded.
+fn baseline(
+    state: &AppState,
+    tenant: Option<&str>,
+    decoded: &[u8],
+    policy: &CompiledPolicy,
+    outcome: &Outcome,
+) -> Option<crate::usage::Baseline> {
+    let tenant = tenant?;
+    let rewritten = outcome.rewritten.as_ref().filter(|_| !policy.dry_run);
+    let forwarded = rewritten.map_or(decoded.len(), Bytes::len);
+    Some(
+        state
+            .prints
+            .observe(tenant, decoded, forwarded, rewritten.is_none()),
+    )
 }
 
 /// Decodes, looks up the cache, and compacts on a miss; the bool says
@@ -170,7 +202,8 @@ fn compute(
     coding: Coding,
     limits: Limits,
     goal: Option<String>,
-) -> Result<(Arc<Outcome>, bool), Decline> {
+) -> Result<Computed, Decline> {
+    let billing = limits.billing.as_deref();
     let decoded = match body::decode(raw, coding, limits.body_bytes) {
         Ok(decoded) => decoded,
         Err(e @ ProxyError::BodyTooLarge { .. }) => return Err(Decline::Refuse(e)),
@@ -188,11 +221,13 @@ fn compute(
             &state.checkpoints,
         )
         .map_err(Decline::Read)?;
-        return Ok((Arc::new(outcome), false));
+        let measured = baseline(state, billing, &decoded, &policy, &outcome);
+        return Ok((Arc::new(outcome), false, measured));
     }
     let key = CompactionCache::key(policy.id, format, &decoded);
     if let Some(hit) = state.cache.get(key, &decoded) {
-        return Ok((hit, true));
+        let measured = baseline(state, billing, &decoded, policy, &hit);
+        return Ok((hit, true, measured));
     }
     let outcome = outcome_of(
         &decoded,
@@ -206,7 +241,8 @@ fn compute(
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
     state.cache.insert(key, &decoded, outcome.clone());
-    Ok((outcome, false))
+    let measured = baseline(state, billing, &decoded, policy, &outcome);
+    Ok((outcome, false, measured))
 }
 
 /// What compacting a decoded body under `policy` gives: the pure core of

@@ -32,7 +32,10 @@
 //!    timeout; a departing client drops the upstream request. A protocol
 //!    upgrade (WebSocket) answered 101 becomes a byte tunnel.
 //! 8. **record** ([`crate::metrics::RequestEvent`]): when the response body
-//!    ends, one event updates the metrics and writes the log line.
+//!    ends, one event updates the metrics and writes the log line, with the
+//!    bill ([`crate::usage`]): the `usage` the provider reported, read from
+//!    the frames as they passed in step 7, priced, and set against the
+//!    estimated cost of the original request.
 
 pub mod admin;
 pub mod body;
@@ -147,6 +150,7 @@ async fn proxy_request(
             stable: None,
             report_id: None,
             detail: None,
+            baseline: None,
         };
         return forward(
             &state,
@@ -175,6 +179,7 @@ async fn proxy_request(
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
     record.skip_detail = decided.detail.clone();
+    let baseline = decided.baseline;
     let (status, outcome) = (decided.status, decided.outcome);
     // A report is made when the request asks for one, and for the
     // inspector of every request (both only under `allow_report`).
@@ -233,6 +238,7 @@ async fn proxy_request(
         stable,
         report_id,
         detail: decided.detail,
+        baseline,
     };
     forward(
         &state,
@@ -371,6 +377,8 @@ struct Verdict {
     report_id: Option<String>,
     /// A skip's detail, after its reason in `x-compaction-status`.
     detail: Option<String>,
+    /// What the bill's estimate knows of the original request.
+    baseline: Option<crate::usage::Baseline>,
 }
 
 impl Verdict {
@@ -531,7 +539,25 @@ async fn forward(
     record.upstream_first_byte_seconds = Some(sent.elapsed().as_secs_f64());
     record.response_status = parts.status.as_u16();
 
-    let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd| {
+    // Step 8's bill: the usage the response reports, on matched routes.
+    let reader = verdict.as_ref().and_then(|v| {
+        crate::usage::Reader::for_response(v.resolution.format, parts.status, &parts.headers)
+    });
+    let billing = verdict.map(|v| {
+        (
+            runtime.prices.clone(),
+            v.baseline,
+            v.resolution.format,
+            v.report_id,
+        )
+    });
+    let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd, read| {
+        if let (Some(read), Some((prices, baseline, format, report_id))) = (read, billing) {
+            record.bill = crate::usage::Bill::of(read, &prices, baseline.as_ref(), format);
+            if let (Some(id), Some(bill)) = (report_id, &record.bill) {
+                record.state.bills.insert(id, bill.clone());
+            }
+        }
         record.upstream_seconds = Some(sent.elapsed().as_secs_f64());
         let ending = match end {
             BodyEnd::Complete => Ending::Complete,
@@ -543,7 +569,7 @@ async fn forward(
         };
         record.finish(ending);
     });
-    Response::from_parts(parts, watched.boxed_unsync())
+    Response::from_parts(parts, watched.reading(reader).boxed_unsync())
 }
 
 /// Joins an upgraded client connection to the upgraded upstream one and

@@ -12,6 +12,11 @@ use crate::cache::{CheckpointStore, CompactionCache};
 use crate::metrics::Metrics;
 use crate::policy::Runtime;
 
+/// Bytes of original-request prints the bill's estimate remembers (16
+/// bytes per KB of body: this holds the last turn of about 2,000
+/// conversations of 500 KB).
+pub const PRINT_MEMORY_BYTES: u64 = 16 * 1024 * 1024;
+
 /// State shared by all requests. The runtime (config and policies) is
 /// swapped whole on reload; each request holds the one it started with.
 pub struct AppState {
@@ -24,6 +29,10 @@ pub struct AppState {
     pub checkpoints: CheckpointStore,
     /// The inspector's recent requests (kept while `[inspector]` is on).
     pub inspector: crate::inspector::RecentRequests,
+    /// Prints of recent original requests, for the bill's estimate.
+    pub prints: crate::usage::PrefixMemory,
+    /// Bills of requests whose report is kept, by report id (the inspector's).
+    pub bills: crate::usage::BillStore,
     pub(super) upstream: Upstream,
     /// One permit per core: compactions beyond that queue (see [`super::compact`]);
     /// `/v1/memory-compact` takes the same permits.
@@ -58,6 +67,8 @@ impl AppState {
                 runtime.config.inspector.max_requests,
                 runtime.config.inspector.max_bytes,
             ),
+            prints: crate::usage::PrefixMemory::new(PRINT_MEMORY_BYTES),
+            bills: crate::usage::BillStore::default(),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics: Metrics::new(),
             reports: crate::explain::ReportStore::default(),

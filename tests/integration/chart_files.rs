@@ -530,3 +530,44 @@ fn metric_name_check_knows_histogram_series_from_counters() {
     assert!(!is_exported_series("compaction_proxy_requests_total_count"));
     assert!(!is_exported_series("compaction_proxy_requests"));
 }
+
+#[test]
+fn dashboard_has_a_bill_row_over_every_billing_metric() {
+    let dashboard = dashboard();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let row = panels
+        .iter()
+        .position(|p| p["type"] == "row" && p["title"] == "Bill")
+        .expect("a row titled Bill");
+    // The row's panels: those after it, up to the next row.
+    let in_row: Vec<&Json> = panels[row + 1..]
+        .iter()
+        .take_while(|p| p["type"] != "row")
+        .collect();
+    let mut queries = Vec::new();
+    for panel in &in_row {
+        collect_queries(panel, &mut queries);
+    }
+    let names: Vec<&str> = queries.iter().flat_map(|q| metric_names(q)).collect();
+    for family in [
+        "compaction_proxy_billed_input_tokens_total",
+        "compaction_proxy_billed_output_tokens_total",
+        "compaction_proxy_billed_cost_total",
+        "compaction_proxy_estimated_saved_cost_total",
+        "compaction_proxy_estimated_extra_cost_total",
+    ] {
+        assert!(FAMILIES.contains(&family), "{family} is not exported");
+        assert!(
+            names.contains(&family),
+            "the Bill row never queries {family}"
+        );
+    }
+    let by = |label: &str| queries.iter().any(|q| q.contains(&format!("by ({label})")));
+    assert!(by("kind") && by("policy") && by("tenant"), "{queries:#?}");
+    assert!(
+        queries
+            .iter()
+            .any(|q| q.contains("kind=\"cache_read\"") && q.contains(" / ")),
+        "no cache hit ratio: {queries:#?}"
+    );
+}

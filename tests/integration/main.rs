@@ -42,3 +42,5 @@ mod sdk_openai;
 mod stable_mode;
 mod stable_relevance;
 mod upstream_pool;
+mod usage_billing;
+mod usage_estimate;

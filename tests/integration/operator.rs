@@ -517,10 +517,11 @@ async fn ending_after(frames: &[&'static str]) -> compaction_proxy::proxy::body:
             .map(|f| bytes::Bytes::from_static(f.as_bytes()))
             .collect(),
     );
-    let mut watched =
-        compaction_proxy::proxy::body::Watched::new(body, Duration::from_secs(60), move |end| {
-            tx.send(end).unwrap()
-        });
+    let mut watched = compaction_proxy::proxy::body::Watched::new(
+        body,
+        Duration::from_secs(60),
+        move |end, _| tx.send(end).unwrap(),
+    );
     for _ in frames {
         watched.frame().await.unwrap().unwrap();
     }

@@ -7,7 +7,7 @@
 //! billing, with the targets as assertions.
 
 #[path = "../../benches/support/conversation_sim.rs"]
-mod sim;
+pub(crate) mod sim;
 
 use crate::support::*;
 use bytes::Bytes;
