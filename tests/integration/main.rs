@@ -26,6 +26,7 @@ mod proxy_streaming;
 mod proxy_tls;
 mod proxy_transparency;
 mod proxy_upgrade;
+mod relevance_cases;
 mod relevance_retention;
 mod sdk_formats;
 mod sdk_openai;

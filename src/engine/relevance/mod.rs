@@ -40,15 +40,23 @@
 //! bit, with any cache or none. Pure: no I/O; a cache is the caller's.
 
 mod analysis;
+mod context;
+mod excerpt;
 mod query;
 mod terms;
+#[cfg(test)]
+mod rule_tests;
 #[cfg(test)]
 mod tests;
 
 pub use analysis::{
     fill, history_keys, message_key, Analysis, AnalysisCache, CachedAnalysis, History,
 };
+pub use context::Alias;
+pub use excerpt::{excerpt, omission_marker, QueryTerms};
 pub use terms::{is_stopword, stem, term_id, terms};
+
+use std::borrow::Cow;
 
 use analysis::HistoryLookup;
 use query::{Query, QueryCounter};
@@ -71,12 +79,24 @@ pub struct Relevance {
     pub query_index: Option<usize>,
     /// Normalised relevance of each input message, in [0, 1].
     pub relevance: Vec<f64>,
+    /// The query's terms with their weights, for [`excerpt`].
+    pub query: QueryTerms,
 }
 
 /// Scores each message of `messages` against the latest user message and
 /// the optional `goal`.
 pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
     analyze_cached(messages, goal, &super::NoCaches)
+}
+
+/// What relevance reads of a message: its content, and its subject (a
+/// tool call's name and arguments) when it has one.
+fn scoring_text(m: &Message) -> Cow<'_, str> {
+    if m.subject.is_empty() {
+        Cow::Borrowed(&m.content)
+    } else {
+        Cow::Owned(format!("{}\n{}", m.content, m.subject))
+    }
 }
 
 /// [`analyze`], with each message's [`Analysis`] looked up in (and added
@@ -90,13 +110,55 @@ pub fn analyze_cached(
 ) -> Relevance {
     let query_index = messages.iter().rposition(|m| m.role == Role::User);
     let mut query = Query::default();
+    // The turns the request refers back to: part of the question.
+    let mut followed = Vec::new();
     if let Some(q) = query_index {
         for_each_term(&messages[q].content, |term, kind| query.add(term, kind));
+        followed = context::add_references(messages, q, &mut query);
     }
     if let Some(goal) = goal {
         for_each_term(goal, |term, kind| query.add(term, kind));
     }
     let mut relevance = vec![0.0; messages.len()];
+
+    // A history whose earlier turn the cache holds reuses its analyses
+    // and adds its new messages'. Without one (no cache, or the first
+    // turn the cache sees), analysing every message would double this
+    // request's cost: the query's terms are counted straight from the
+    // text, and a cache that can builds the analyses after the request.
+    let owned: Vec<Cow<'_, str>> = messages.iter().map(scoring_text).collect();
+    let texts: Vec<&str> = owned.iter().map(|t| t.as_ref()).collect();
+    let found = (!query.terms.is_empty() && cache.enabled())
+        .then(|| HistoryLookup::new(&texts, cache));
+    let count_directly = match &found {
+        None => true,
+        Some(lookup) => {
+            lookup.earlier.is_none()
+                && lookup
+                    .prefixes
+                    .last()
+                    .is_some_and(|&history| cache.fill_later(history, &texts))
+        }
+    };
+    let analyses = match (found, count_directly) {
+        (Some(lookup), false) => Some(lookup.analyses(&texts, cache)),
+        _ => None,
+    };
+    // Aliases link the query's names to their other names.
+    if !query.terms.is_empty() {
+        let mut aliases = Vec::new();
+        match &analyses {
+            Some(analyses) => {
+                analyses.for_each(|_, a| aliases.extend(a.aliases.iter().cloned()));
+            }
+            None => {
+                for text in &texts {
+                    context::find_aliases(text, &mut aliases);
+                }
+            }
+        }
+        context::link_aliases(&aliases, &mut query);
+    }
     if query.terms.is_empty() {
         if let Some(q) = query_index {
             relevance[q] = 1.0;
@@ -105,6 +167,7 @@ pub fn analyze_cached(
             query_terms: Vec::new(),
             query_index,
             relevance,
+            query: QueryTerms::default(),
         };
     }
 
@@ -120,25 +183,8 @@ pub fn analyze_cached(
             *d += u32::from(c > 0);
         }
     };
-    // A history whose earlier turn the cache holds reuses its analyses
-    // and adds its new messages'. Without one (no cache, or the first
-    // turn the cache sees), analysing every message would double this
-    // request's cost: the query's terms are counted straight from the
-    // text, and a cache that can builds the analyses after the request.
-    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-    let found = cache.enabled().then(|| HistoryLookup::new(&texts, cache));
-    let count_directly = match &found {
-        None => true,
-        Some(lookup) => {
-            lookup.earlier.is_none()
-                && lookup
-                    .prefixes
-                    .last()
-                    .is_some_and(|&history| cache.fill_later(history, &texts))
-        }
-    };
-    if let (Some(lookup), false) = (found, count_directly) {
-        lookup.analyses(&texts, cache).for_each(|i, analysis| {
+    if let Some(analyses) = &analyses {
+        analyses.for_each(|i, analysis| {
             if Some(i) == query_index {
                 return;
             }
@@ -150,12 +196,12 @@ pub fn analyze_cached(
     } else {
         // The same integers as counting the terms in analyses.
         let mut counter = QueryCounter::new(&query);
-        for (i, m) in messages.iter().enumerate() {
+        for (i, text) in texts.iter().enumerate() {
             if Some(i) == query_index {
                 continue;
             }
             let counts = &mut tf[i * terms..(i + 1) * terms];
-            length[i] = counter.count(&m.content, counts);
+            length[i] = counter.count(text, counts);
             add_document(counts);
         }
     }
@@ -172,6 +218,7 @@ pub fn analyze_cached(
         .collect();
 
     let mut best = 0.0f64;
+    let mut matched = vec![0u64; messages.len()];
     for (i, r) in relevance.iter_mut().enumerate() {
         if Some(i) == query_index {
             continue;
@@ -181,26 +228,33 @@ pub fn analyze_cached(
         for (t, &count) in tf[i * terms..(i + 1) * terms].iter().enumerate() {
             if count > 0 {
                 let f = count as f64;
-                score += idf[t] * f * (K1 + 1.0) / (f + norm);
+                score += query.weights[t] * idf[t] * f * (K1 + 1.0) / (f + norm);
+                matched[i] |= 1u64 << (t % 64);
             }
         }
         *r = score;
-        best = best.max(score);
+        if !followed.contains(&i) {
+            best = best.max(score);
+        }
     }
     if best > 0.0 {
         for r in &mut relevance {
             *r /= best;
         }
     }
-    if let Some(q) = query_index {
-        relevance[q] = 1.0;
+    context::prefer_latest(messages, &matched, &mut relevance);
+    for &i in followed.iter().chain(&query_index) {
+        relevance[i] = 1.0;
     }
 
+    let weights = query.weights.iter().zip(&idf).map(|(w, i)| w * i).collect();
+    let ids = query.ids.clone();
     let mut query_terms: Vec<String> = query.terms.into_iter().map(|(t, _)| t).collect();
     query_terms.sort_unstable();
     Relevance {
         query_terms,
         query_index,
         relevance,
+        query: QueryTerms { ids, weights },
     }
 }
