@@ -92,7 +92,7 @@ pub fn excerpt(text: &str, query: &QueryTerms, max_chars: usize) -> Option<Strin
     if !any {
         // The best segment alone is too long: a window around its match.
         let best = order[0];
-        return Some(window(text, first_match[best], max_chars));
+        return window(text, first_match[best], max_chars);
     }
     // Neighbours of the best segment while they fit: context to read it by.
     let best = order[0];
@@ -220,14 +220,21 @@ fn render(text: &str, segments: &[(usize, usize)], chosen: &[bool], by_lines: bo
     out
 }
 
-/// `max_chars` chars of `text` around byte `at`, with markers for the rest.
-fn window(text: &str, at: usize, max_chars: usize) -> String {
+/// The fewest chars of text a window keeps: fewer say nothing.
+const MIN_WINDOW_CHARS: usize = 40;
+
+/// `max_chars` chars of `text` around byte `at`, with markers for the
+/// rest; `None` when the markers leave too little.
+fn window(text: &str, at: usize, max_chars: usize) -> Option<String> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let total = chars.len();
     let at_char = chars.partition_point(|&(i, _)| i < at);
     // Room for two markers of the largest count.
     let marker = char_count(&omission_marker(total)) + 1;
-    let keep = max_chars.saturating_sub(2 * marker).max(1);
+    let keep = max_chars.saturating_sub(2 * marker);
+    if keep < MIN_WINDOW_CHARS {
+        return None;
+    }
     let start = at_char.saturating_sub(keep / 3).min(total.saturating_sub(keep));
     let end = (start + keep).min(total);
     let byte = |c: usize| chars.get(c).map_or(text.len(), |&(i, _)| i);
@@ -241,7 +248,7 @@ fn window(text: &str, at: usize, max_chars: usize) -> String {
         out.push(' ');
         out.push_str(&omission_marker(total - end));
     }
-    out
+    Some(out)
 }
 
 #[cfg(test)]

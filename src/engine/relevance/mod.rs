@@ -56,9 +56,9 @@ pub use context::Alias;
 pub use excerpt::{excerpt, omission_marker, QueryTerms};
 pub use terms::{is_stopword, stem, term_id, terms};
 
-use std::borrow::Cow;
 
 use analysis::HistoryLookup;
+use rustc_hash::FxHashMap;
 use query::{Query, QueryCounter};
 use terms::for_each_term;
 
@@ -89,16 +89,6 @@ pub fn analyze(messages: &[Message], goal: Option<&str>) -> Relevance {
     analyze_cached(messages, goal, &super::NoCaches)
 }
 
-/// What relevance reads of a message: its content, and its subject (a
-/// tool call's name and arguments) when it has one.
-fn scoring_text(m: &Message) -> Cow<'_, str> {
-    if m.subject.is_empty() {
-        Cow::Borrowed(&m.content)
-    } else {
-        Cow::Owned(format!("{}\n{}", m.content, m.subject))
-    }
-}
-
 /// [`analyze`], with each message's [`Analysis`] looked up in (and added
 /// to) `cache` by a hash of its text, so a turn that adds a message to a
 /// history analyses only the new one. The result is the same with any
@@ -126,8 +116,7 @@ pub fn analyze_cached(
     // turn the cache sees), analysing every message would double this
     // request's cost: the query's terms are counted straight from the
     // text, and a cache that can builds the analyses after the request.
-    let owned: Vec<Cow<'_, str>> = messages.iter().map(scoring_text).collect();
-    let texts: Vec<&str> = owned.iter().map(|t| t.as_ref()).collect();
+    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
     let found = (!query.terms.is_empty() && cache.enabled())
         .then(|| HistoryLookup::new(&texts, cache));
     let count_directly = match &found {
@@ -175,34 +164,52 @@ pub fn analyze_cached(
     let terms = query.terms.len();
     let mut tf = vec![0u32; messages.len() * terms];
     let mut length = vec![0u32; messages.len()];
-    let mut df = vec![0u32; terms];
-    let mut documents = 0usize;
-    let mut add_document = |counts: &[u32]| {
-        documents += 1;
-        for (d, &c) in df.iter_mut().zip(counts) {
-            *d += u32::from(c > 0);
-        }
-    };
     if let Some(analyses) = &analyses {
         analyses.for_each(|i, analysis| {
             if Some(i) == query_index {
                 return;
             }
-            let counts = &mut tf[i * terms..(i + 1) * terms];
             length[i] = analysis.length;
-            query.count_in(analysis, counts);
-            add_document(counts);
+            query.count_in(analysis, &mut tf[i * terms..(i + 1) * terms]);
         });
     } else {
         // The same integers as counting the terms in analyses.
         let mut counter = QueryCounter::new(&query);
         for (i, text) in texts.iter().enumerate() {
-            if Some(i) == query_index {
-                continue;
+            if Some(i) != query_index {
+                length[i] = counter.count(text, &mut tf[i * terms..(i + 1) * terms]);
             }
-            let counts = &mut tf[i * terms..(i + 1) * terms];
-            length[i] = counter.count(text, counts);
-            add_document(counts);
+        }
+    }
+    // Subjects (a tool result's call) are a second, short field of their
+    // message, counted from their text: a few dozen bytes each.
+    let subjects: Vec<usize> = (0..messages.len())
+        .filter(|&i| Some(i) != query_index && !messages[i].subject.is_empty())
+        .collect();
+    let mut subject_tf = vec![0u32; subjects.len() * terms];
+    let mut subject_length = vec![0u32; subjects.len()];
+    if !subjects.is_empty() {
+        let mut counter = QueryCounter::new(&query);
+        for (k, &i) in subjects.iter().enumerate() {
+            let counts = &mut subject_tf[k * terms..(k + 1) * terms];
+            subject_length[k] = counter.count(&messages[i].subject, counts);
+        }
+    }
+    let subject_of: FxHashMap<usize, usize> =
+        subjects.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    let mut df = vec![0u32; terms];
+    let mut documents = 0usize;
+    for i in 0..messages.len() {
+        if Some(i) == query_index {
+            continue;
+        }
+        documents += 1;
+        let subject = subject_of
+            .get(&i)
+            .map(|&k| &subject_tf[k * terms..(k + 1) * terms]);
+        for (t, d) in df.iter_mut().enumerate() {
+            let in_subject = subject.is_some_and(|s| s[t] > 0);
+            *d += u32::from(tf[i * terms + t] > 0 || in_subject);
         }
     }
     let total_length: u64 = length.iter().map(|&l| u64::from(l)).sum();
@@ -217,6 +224,12 @@ pub fn analyze_cached(
         .map(|&d| (1.0 + (n - d as f64 + 0.5) / (d as f64 + 0.5)).ln())
         .collect();
 
+    let average_subject = if subjects.is_empty() {
+        1.0
+    } else {
+        (subject_length.iter().map(|&l| f64::from(l)).sum::<f64>() / subjects.len() as f64)
+            .max(1.0)
+    };
     let mut best = 0.0f64;
     let mut matched = vec![0u64; messages.len()];
     for (i, r) in relevance.iter_mut().enumerate() {
@@ -230,6 +243,16 @@ pub fn analyze_cached(
                 let f = count as f64;
                 score += query.weights[t] * idf[t] * f * (K1 + 1.0) / (f + norm);
                 matched[i] |= 1u64 << (t % 64);
+            }
+        }
+        if let Some(&k) = subject_of.get(&i) {
+            let norm = K1 * (1.0 - B + B * subject_length[k] as f64 / average_subject);
+            for (t, &count) in subject_tf[k * terms..(k + 1) * terms].iter().enumerate() {
+                if count > 0 {
+                    let f = count as f64;
+                    score += query.weights[t] * idf[t] * f * (K1 + 1.0) / (f + norm);
+                    matched[i] |= 1u64 << (t % 64);
+                }
             }
         }
         *r = score;

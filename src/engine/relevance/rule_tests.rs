@@ -106,14 +106,11 @@ fn a_long_relevant_message_is_trimmed_around_its_match() {
         assistant(&long),
         assistant(&filler(20)),
         assistant(&filler(20)),
-        user(&filler(2)),
-        assistant(&filler(2)),
-        user(&filler(2)),
         user("What is the alarm code for Halden?"),
     ];
-    let total: usize = messages.iter().map(|m| m.content.chars().count()).sum();
-    let mut policy = relevance_policy(total / 4);
+    let mut policy = relevance_policy(1_000);
     policy.max_message_chars = 400;
+    policy.keep_last_n = 1;
     // No pin share: the message reaches the trim stage unprotected.
     if let ScoringMethod::Relevance(r) = &mut policy.scoring {
         r.relevant_pin_share = 0.0;
@@ -124,30 +121,38 @@ fn a_long_relevant_message_is_trimmed_around_its_match() {
     assert!(kept.content.contains(fact), "{}", kept.content);
     assert!(kept.content.chars().count() <= 400);
     assert!(kept.content.contains("chars omitted"));
+    assert!(report.budget.budget_met);
 }
 
 #[test]
 fn the_latest_of_several_values_is_kept() {
+    let update = format!(
+        "{} Update: the headcount at Halden is now 44 after the new hires. {}",
+        filler(2),
+        filler(2)
+    );
+    let question = "What is the current headcount at Halden?";
     let messages = [
         user("Keep track of the sites."),
         assistant("The headcount at Halden is 41."),
         assistant(&filler(3)),
-        assistant(&format!(
-            "{} Update: the headcount at Halden is now 44 after the new hires. {}",
-            filler(2),
-            filler(2)
-        )),
+        assistant(&update),
         assistant(&filler(3)),
-        user("What is the current headcount at Halden?"),
+        user(question),
     ];
     let r = analyze(&messages, None);
     assert!(r.relevance[3] > r.relevance[1], "{:?}", r.relevance);
-    // With room for one pin, the update is the one kept.
-    let total: usize = messages.iter().map(|m| m.content.chars().count()).sum();
-    let mut policy = relevance_policy(total / 3);
+    assert!(r.relevance[1] < RelevancePolicy::DEFAULT_PIN_RELEVANT_ABOVE);
+    // Room for the question and one statement: the update is the one kept.
+    let mut policy = relevance_policy(question.len() + update.len() + 10);
     policy.keep_last_n = 1;
+    if let ScoringMethod::Relevance(r) = &mut policy.scoring {
+        r.relevant_pin_share = 0.0;
+    }
     let report = compact(&messages, &policy);
-    assert!(forwarded(&report).contains("is now 44"), "{report:?}");
+    let text = forwarded(&report);
+    assert!(text.contains("is now 44"), "{text}");
+    assert!(!text.contains("is 41"), "{text}");
 }
 
 #[test]
@@ -164,11 +169,15 @@ fn a_table_row_is_kept_with_its_header_row() {
         user("Keep track of the sites."),
         assistant(&table),
         assistant(&filler(10)),
+        assistant(&filler(10)),
         user(&filler(1)),
         user("In that table, what was the Q3 count for Halden?"),
     ];
     let total: usize = messages.iter().map(|m| m.content.chars().count()).sum();
-    let report = compact(&messages, &relevance_policy(total / 5));
+    let mut policy = relevance_policy(total / 5);
+    policy.keep_last_n = 2;
+    let report = compact(&messages, &policy);
+    assert!(table.chars().count() > total / 5, "the table cannot stay whole");
     let kept = report.messages.iter().find(|m| m.index == 1).expect("kept");
     assert!(kept.content.contains("| Halden | 417 | 981 | 523 |"), "{}", kept.content);
     assert!(
