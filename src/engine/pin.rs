@@ -129,7 +129,7 @@ fn pin_relevant(
             None => std::slice::from_ref(&i),
         };
         let chars: usize = unit.iter().map(|&k| work.chars(k)).sum();
-        if chars > room {
+        if chars > room && !work.fits() {
             // Too long whole: the unit's longest text cut around the
             // match, when that fits (a tool result, not its call).
             let Some(&longest) = unit.iter().max_by_key(|&&k| (work.kept_chars[k], k)) else {

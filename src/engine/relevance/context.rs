@@ -11,7 +11,8 @@
 //! - **Aliases**: a message defining one name as another ("Halden, also
 //!   known as the northern depot", "the yard (aka Norrby)") links them both
 //!   ways: a query holding one side gains the other's terms.
-//! - **Latest values**: of two messages with digits that match the query,
+//! - **Latest values**: of two messages with digits that match at least
+//!   two query terms and half of them,
 //!   the earlier whose matched query terms the later one also matches is a
 //!   superseded statement of the same subject and attribute: it keeps 0.4
 //!   of its relevance (under the default pin threshold when it was the
@@ -274,16 +275,25 @@ fn ceil_char(text: &str, mut at: usize) -> usize {
 const SUPERSEDED_SHARE: f64 = 0.4;
 
 /// Values that change: of the messages with a digit matching at least two
-/// query terms (`matched[i]`, a bit per query term), an earlier one whose
+/// query terms and half of them (`matched[i]`, a bit per query term), an
+/// earlier one whose
 /// matched terms a later one all matches too gives way to it: it keeps
 /// [`SUPERSEDED_SHARE`] of its relevance, and the later one takes the
 /// higher of the two relevances.
-pub(super) fn prefer_latest(messages: &[Message], matched: &[u64], relevance: &mut [f64]) {
+pub(super) fn prefer_latest(
+    messages: &[Message],
+    matched: &[u64],
+    query_terms: usize,
+    relevance: &mut [f64],
+) {
+    // At least two terms and half the query's: a paraphrase sharing one
+    // word and the entity with many messages supersedes nothing.
+    let least = 2.max(query_terms.min(64).div_ceil(2)) as u32;
     // Later candidates' (matched terms, index), distinct by terms.
     let mut later: Vec<(u64, usize)> = Vec::new();
     for i in (0..messages.len()).rev() {
         let mask = matched[i];
-        if mask.count_ones() < 2
+        if mask.count_ones() < least
             || relevance[i] <= 0.0
             || !messages[i].content.bytes().any(|b| b.is_ascii_digit())
         {

@@ -265,7 +265,7 @@ pub fn analyze_cached(
             *r /= best;
         }
     }
-    context::prefer_latest(messages, &matched, &mut relevance);
+    context::prefer_latest(messages, &matched, terms, &mut relevance);
     for &i in followed.iter().chain(&query_index) {
         relevance[i] = 1.0;
     }
