@@ -226,15 +226,55 @@ pub fn budget_of(total: usize, share: f64) -> usize {
 pub const SMALLEST_SHARE: f64 = 0.10;
 
 const PLACES: &[&str] = &[
-    "Halden", "Norrby", "Kestrel", "Vantaa", "Moravec", "Tindra", "Ostrava", "Lindqvist", "Brisket",
-    "Calloway", "Dunmore", "Everholt", "Farrow", "Gullane", "Hexley", "Ingleby", "Juniper",
-    "Karsten", "Lowther", "Mirabel", "Nettle", "Oakhurst", "Pellham", "Quarry", "Rosling",
-    "Sandvik", "Thornbury", "Ulverston", "Wexcombe", "Yarrow",
+    "Halden",
+    "Norrby",
+    "Kestrel",
+    "Vantaa",
+    "Moravec",
+    "Tindra",
+    "Ostrava",
+    "Lindqvist",
+    "Brisket",
+    "Calloway",
+    "Dunmore",
+    "Everholt",
+    "Farrow",
+    "Gullane",
+    "Hexley",
+    "Ingleby",
+    "Juniper",
+    "Karsten",
+    "Lowther",
+    "Mirabel",
+    "Nettle",
+    "Oakhurst",
+    "Pellham",
+    "Quarry",
+    "Rosling",
+    "Sandvik",
+    "Thornbury",
+    "Ulverston",
+    "Wexcombe",
+    "Yarrow",
 ];
 
 const SERVICES: &[&str] = &[
-    "billing", "ledger", "courier", "search", "payments", "inventory", "notifier", "gateway",
-    "scheduler", "reports", "checkout", "catalog", "identity", "pricing", "shipping", "audit",
+    "billing",
+    "ledger",
+    "courier",
+    "search",
+    "payments",
+    "inventory",
+    "notifier",
+    "gateway",
+    "scheduler",
+    "reports",
+    "checkout",
+    "catalog",
+    "identity",
+    "pricing",
+    "shipping",
+    "audit",
 ];
 
 const ATTRIBUTES: &[&str] = &[
@@ -247,7 +287,14 @@ const ATTRIBUTES: &[&str] = &[
 ];
 
 const ADJECTIVES: &[&str] = &[
-    "northern", "riverside", "harbour", "hilltop", "lakeside", "eastern", "granite", "meadow",
+    "northern",
+    "riverside",
+    "harbour",
+    "hilltop",
+    "lakeside",
+    "eastern",
+    "granite",
+    "meadow",
 ];
 
 const NOUNS: &[&str] = &["depot", "warehouse", "yard", "hub"];
@@ -343,7 +390,11 @@ fn log_lines(r: &mut Rng, chars: usize, service: &str) -> Vec<String> {
 /// A tool output of `lines` with `fact_line` in its middle third.
 fn with_line_inside(r: &mut Rng, mut lines: Vec<String>, fact_line: String) -> String {
     let n = lines.len();
-    let at = if n < 3 { n / 2 } else { r.range(n / 3, 2 * n / 3) };
+    let at = if n < 3 {
+        n / 2
+    } else {
+        r.range(n / 3, 2 * n / 3)
+    };
     lines.insert(at, fact_line);
     lines.join("\n")
 }
@@ -432,7 +483,11 @@ fn plan(r: &mut Rng, kind: Kind, room: usize, ids: &mut Ids) -> Plan {
     match kind {
         Kind::References => {
             let fact = format!("Site notes for {place}: the {attribute} is {value}, and deliveries use the east entrance.");
-            let needed = vec![vec![Msg::Assistant(prose_with(r, sized(1).min(1_500), &fact))]];
+            let needed = vec![vec![Msg::Assistant(prose_with(
+                r,
+                sized(1).min(1_500),
+                &fact,
+            ))]];
             let distractors = others
                 .iter()
                 .map(|o| {
@@ -538,7 +593,8 @@ fn plan(r: &mut Rng, kind: Kind, room: usize, ids: &mut Ids) -> Plan {
                 }
                 2 => {
                     // Status JSON: the service is only in the arguments.
-                    let version = format!("v{}.{}.{}", r.range(1, 9), r.range(0, 30), r.range(0, 99));
+                    let version =
+                        format!("v{}.{}.{}", r.range(1, 9), r.range(0, 30), r.range(0, 99));
                     let text = status_json(r, sized(1), &version);
                     let args = json!({"service": service});
                     (
@@ -551,7 +607,9 @@ fn plan(r: &mut Rng, kind: Kind, room: usize, ids: &mut Ids) -> Plan {
                     // A log: the error line names no service.
                     let error = format!("E{}", r.range(1000, 9999));
                     let lines = log_lines(r, sized(1), "worker");
-                    let fact = format!("2026-03-14T02:11:09Z ERROR upstream refused the batch, code {error}");
+                    let fact = format!(
+                        "2026-03-14T02:11:09Z ERROR upstream refused the batch, code {error}"
+                    );
                     let text = with_line_inside(r, lines, fact);
                     let args = json!({"service": service, "lines": 200});
                     (
@@ -615,13 +673,29 @@ fn plan(r: &mut Rng, kind: Kind, room: usize, ids: &mut Ids) -> Plan {
         }
         Kind::Distractors => {
             let fact = format!("The backup {attribute} for depot {place} is {value}.");
-            let needed = vec![vec![Msg::Assistant(prose_with(r, sized(1).min(900), &fact))]];
+            let needed = vec![vec![Msg::Assistant(prose_with(
+                r,
+                sized(1).min(900),
+                &fact,
+            ))]];
             let mut distractors = Vec::new();
             for text in [
                 format!("The main {attribute} for depot {place} is {}.", code(r)),
-                format!("The backup {attribute} for depot {} is {}.", others[0], code(r)),
-                format!("The backup {attribute} for depot {} is {}.", others[1], code(r)),
-                format!("The old backup {attribute} for depot {} was {}.", others[2], code(r)),
+                format!(
+                    "The backup {attribute} for depot {} is {}.",
+                    others[0],
+                    code(r)
+                ),
+                format!(
+                    "The backup {attribute} for depot {} is {}.",
+                    others[1],
+                    code(r)
+                ),
+                format!(
+                    "The old backup {attribute} for depot {} was {}.",
+                    others[2],
+                    code(r)
+                ),
             ] {
                 distractors.push(vec![Msg::Assistant(prose_with(r, 500, &text))]);
             }
@@ -742,7 +816,10 @@ fn status_json(r: &mut Rng, chars: usize, version: &str) -> String {
     let mut text = String::from("{\n  \"checks\": [\n");
     for (i, c) in checks.iter().enumerate() {
         if i == at {
-            text.push_str(&format!("    {{\"version\": \"{version}\", \"uptime_h\": {}}},\n", r.range(1, 900)));
+            text.push_str(&format!(
+                "    {{\"version\": \"{version}\", \"uptime_h\": {}}},\n",
+                r.range(1, 900)
+            ));
         }
         text.push_str(&format!("    {c},\n"));
     }
@@ -752,7 +829,14 @@ fn status_json(r: &mut Rng, chars: usize, version: &str) -> String {
 
 /// The conversation: system, task, old work with the plan's messages in
 /// the first half, recent short turns, the question.
-fn lay_out(r: &mut Rng, kind: Kind, plan: Plan, count: usize, average: usize, ids: &mut Ids) -> Case {
+fn lay_out(
+    r: &mut Rng,
+    kind: Kind,
+    plan: Plan,
+    count: usize,
+    average: usize,
+    ids: &mut Ids,
+) -> Case {
     let mut messages = vec![
         Msg::System("You are an operations assistant for a logistics company.".into()),
         Msg::User("Help me keep track of our sites, services and numbers today.".into()),
@@ -801,7 +885,12 @@ fn lay_out(r: &mut Rng, kind: Kind, plan: Plan, count: usize, average: usize, id
             let service = r.pick(SERVICES);
             let size = r.range(average / 2, average * 3 / 2);
             let lines = log_lines(r, size, service);
-            let mut pair = call(ids, "tail_log", json!({"service": service, "lines": 100}), lines.join("\n"));
+            let mut pair = call(
+                ids,
+                "tail_log",
+                json!({"service": service, "lines": 100}),
+                lines.join("\n"),
+            );
             messages.append(&mut pair);
             k += 2;
         } else {

@@ -85,7 +85,11 @@ pub fn protect_units(conversation: &Conversation, relevant: &[bool], protected: 
 /// lines (a table row with its header), so the pruned text still holds
 /// the terms that made it relevant. Results pruned piece by piece stay as
 /// they are.
-pub fn prune_around_matches(conversation: &Conversation, found: &Relevance, edits: &mut AgentEdits) {
+pub fn prune_around_matches(
+    conversation: &Conversation,
+    found: &Relevance,
+    edits: &mut AgentEdits,
+) {
     for (&i, edit) in edits.texts.iter_mut() {
         let TextEdit::Pruned(cut) = edit else {
             continue;
@@ -120,7 +124,11 @@ mod tests {
     fn a_result_is_scored_with_its_calls_name_and_arguments() {
         let conversation = Conversation {
             items: vec![
-                call("c1", "read_file", r#"{"path": "deploy/billing/limits.toml"}"#),
+                call(
+                    "c1",
+                    "read_file",
+                    r#"{"path": "deploy/billing/limits.toml"}"#,
+                ),
                 result("c1", "max_connections = 640"),
                 Item::new(Role::User, "max_connections of billing?"),
             ],

@@ -358,7 +358,11 @@ pub fn compact_cached(messages: &[Message], policy: &Policy, caches: &dyn Caches
     let relevant = relevance.as_ref().map(|(found, knobs)| (found, *knobs));
     let (pin, reasons, relevant_pins) = pin::run(&mut work, policy, relevant);
     let dedupe = dedupe::run(&mut work, &scores, policy);
-    let trim = trim::run(&mut work, policy, relevance.as_ref().map(|(found, _)| found));
+    let trim = trim::run(
+        &mut work,
+        policy,
+        relevance.as_ref().map(|(found, _)| found),
+    );
     let drop = drop::run(&mut work, &scores);
 
     let mut out = Vec::with_capacity(messages.len());

@@ -30,7 +30,10 @@ fn generated_cases_are_shaped_as_asked_and_solvable() {
             "case {i}: {} messages",
             case.messages.len()
         );
-        assert!((17_000..=365_000).contains(&total), "case {i}: {total} chars");
+        assert!(
+            (17_000..=365_000).contains(&total),
+            "case {i}: {total} chars"
+        );
         assert!(
             case.solvable(relevance_cases::budget_of(total, 0.10)),
             "case {i} ({}): needs {} of {total}",
@@ -56,7 +59,10 @@ fn relevance_keeps_what_the_answer_needs_at_every_budget() {
     eprintln!("{}", markdown(&rows));
     let (_, overall) = rows.last().expect("an overall row");
     for (k, target) in OVERALL.iter().enumerate() {
-        assert!(overall[k] >= *target, "overall {overall:?} under {OVERALL:?}");
+        assert!(
+            overall[k] >= *target,
+            "overall {overall:?} under {OVERALL:?}"
+        );
     }
     for (name, cells) in &rows {
         assert!(cells[1] >= WORST_KIND_AT_25, "{name} at 25%: {}", cells[1]);

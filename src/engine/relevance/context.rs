@@ -150,7 +150,9 @@ static MARKERS: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 /// Words passed over between a name and its marker.
-const LINKING: &[&str] = &["is", "are", "was", "were", "be", "been", "also", "the", "a", "an"];
+const LINKING: &[&str] = &[
+    "is", "are", "was", "were", "be", "been", "also", "the", "a", "an",
+];
 
 /// The most terms one name of an alias takes.
 const MAX_NAME_TERMS: usize = 3;
@@ -323,7 +325,10 @@ mod tests {
             &mut found,
         );
         find_aliases("Everyone knows the yard (aka Norrby) is full.", &mut found);
-        find_aliases("Note that Kestrel is known as the blue hub among drivers.", &mut found);
+        find_aliases(
+            "Note that Kestrel is known as the blue hub among drivers.",
+            &mut found,
+        );
         let names: Vec<[Vec<String>; 2]> = found.into_iter().map(|a| a.names).collect();
         let s = |t: &[&str]| t.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         assert_eq!(

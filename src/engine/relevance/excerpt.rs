@@ -235,7 +235,9 @@ fn window(text: &str, at: usize, max_chars: usize) -> Option<String> {
     if keep < MIN_WINDOW_CHARS {
         return None;
     }
-    let start = at_char.saturating_sub(keep / 3).min(total.saturating_sub(keep));
+    let start = at_char
+        .saturating_sub(keep / 3)
+        .min(total.saturating_sub(keep));
     let end = (start + keep).min(total);
     let byte = |c: usize| chars.get(c).map_or(text.len(), |&(i, _)| i);
     let mut out = String::new();
@@ -295,7 +297,10 @@ mod tests {
             "More filler. ".repeat(40)
         );
         let cut = excerpt(&text, &query(&["halden"]), 120).unwrap();
-        assert!(cut.contains("The gate code for Halden is 7731-KAPPA."), "{cut}");
+        assert!(
+            cut.contains("The gate code for Halden is 7731-KAPPA."),
+            "{cut}"
+        );
         let long = format!("{}halden{}", "x ".repeat(500), " y".repeat(500));
         let cut = excerpt(&long, &query(&["halden"]), 100).unwrap();
         assert!(cut.contains("halden") && char_count(&cut) <= 100, "{cut}");

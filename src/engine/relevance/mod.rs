@@ -43,9 +43,9 @@ mod analysis;
 mod context;
 mod excerpt;
 mod query;
-mod terms;
 #[cfg(test)]
 mod rule_tests;
+mod terms;
 #[cfg(test)]
 mod tests;
 
@@ -56,10 +56,9 @@ pub use context::Alias;
 pub use excerpt::{excerpt, omission_marker, QueryTerms};
 pub use terms::{is_stopword, stem, term_id, terms};
 
-
 use analysis::HistoryLookup;
-use rustc_hash::FxHashMap;
 use query::{Query, QueryCounter};
+use rustc_hash::FxHashMap;
 use terms::for_each_term;
 
 use super::{Message, Role};
@@ -117,8 +116,8 @@ pub fn analyze_cached(
     // request's cost: the query's terms are counted straight from the
     // text, and a cache that can builds the analyses after the request.
     let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-    let found = (!query.terms.is_empty() && cache.enabled())
-        .then(|| HistoryLookup::new(&texts, cache));
+    let found =
+        (!query.terms.is_empty() && cache.enabled()).then(|| HistoryLookup::new(&texts, cache));
     let count_directly = match &found {
         None => true,
         Some(lookup) => {
@@ -227,8 +226,7 @@ pub fn analyze_cached(
     let average_subject = if subjects.is_empty() {
         1.0
     } else {
-        (subject_length.iter().map(|&l| f64::from(l)).sum::<f64>() / subjects.len() as f64)
-            .max(1.0)
+        (subject_length.iter().map(|&l| f64::from(l)).sum::<f64>() / subjects.len() as f64).max(1.0)
     };
     let mut best = 0.0f64;
     let mut matched = vec![0u64; messages.len()];
