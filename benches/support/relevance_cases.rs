@@ -925,7 +925,7 @@ fn lay_out(
 pub fn retention(cases: &[Case], kind: Option<Kind>, policy: &CompiledPolicy, share: f64) -> f64 {
     let chosen: Vec<&Case> = cases
         .iter()
-        .filter(|c| kind.is_none_or(|k| c.kind == k))
+        .filter(|c| kind.map_or(true, |k| c.kind == k))
         .collect();
     let kept = chosen.iter().filter(|c| c.kept(policy, share)).count();
     kept as f64 / chosen.len().max(1) as f64

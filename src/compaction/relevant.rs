@@ -94,7 +94,7 @@ pub fn prune_around_matches(
         let TextEdit::Pruned(cut) = edit else {
             continue;
         };
-        if edits.pieces.contains_key(&i) || found.relevance.get(i).is_none_or(|&r| r <= 0.0) {
+        if edits.pieces.contains_key(&i) || !found.relevance.get(i).is_some_and(|&r| r > 0.0) {
             continue;
         }
         let text = &conversation.items[i].text;

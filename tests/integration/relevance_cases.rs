@@ -6,11 +6,10 @@
 //! forwarded in at least 95%, 85% and 70% of the cases at 50%, 25% and 10%
 //! budgets, and in at least 60% of each kind's at 25%.
 
-#[allow(dead_code)]
 #[path = "../../benches/support/relevance_cases.rs"]
-mod relevance_cases;
+mod cases;
 
-use relevance_cases::{default_policy, generate, markdown, table, with_relevance, Kind};
+use cases::{default_policy, generate, markdown, table, with_relevance, Kind};
 
 /// Another seed than the bench's: the targets must hold on cases the
 /// rules were not tuned on.
@@ -35,7 +34,7 @@ fn generated_cases_are_shaped_as_asked_and_solvable() {
             "case {i}: {total} chars"
         );
         assert!(
-            case.solvable(relevance_cases::budget_of(total, 0.10)),
+            case.solvable(cases::budget_of(total, 0.10)),
             "case {i} ({}): needs {} of {total}",
             case.kind.name(),
             case.needed_chars()
