@@ -17,6 +17,11 @@
 //!    differences to seed are what relevance adds. The fastest of 300 runs
 //!    of each is printed last (`docs/relevance.md` keeps the figures).
 //!
+//! 3. **The harder set** (`benches/support/relevance_cases.rs`): 300
+//!    generated cases of six kinds whose questions do not repeat the
+//!    answer's words, per kind at 50%, 25% and 10% budgets (printed after
+//!    the first table).
+//!
 //! Profiling one case: `RELEVANCE_BENCH_NO_FASTEST=1` skips the retention
 //! table and the fastest-of runs, e.g. under `perf record` with
 //! `--bench analyze/cold`.
@@ -34,6 +39,43 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 mod fact_chats;
 
 use fact_chats::{policy, retention, Strategy};
+
+#[path = "support/relevance_cases.rs"]
+mod relevance_cases;
+
+/// The harder set's seed and size (its test version uses another seed).
+const CASES_SEED: u64 = 202_625;
+const CASES_PER_KIND: usize = 50;
+
+/// The per-kind table of the harder set (`benches/support/relevance_cases.rs`)
+/// under the shipped default policy, the same with `scoring = "relevance"`,
+/// and that in stable mode with the agent passes on.
+fn print_cases() {
+    use relevance_cases::{default_policy, generate, markdown, table, with_relevance};
+    let cases = generate(CASES_SEED, CASES_PER_KIND);
+    let shipped = default_policy();
+    let relevant = with_relevance(&shipped);
+    let mut agentic = relevant.clone();
+    agentic.mode = compaction_proxy::config::Mode::Stable;
+    agentic.agent.max_tool_result_chars = 2_000;
+    agentic.agent.max_arg_chars = 2_000;
+    agentic.agent.tool_duplicate_threshold = 0.9;
+    let mut exact_agentic = agentic.clone();
+    exact_agentic.mode = compaction_proxy::config::Mode::Exact;
+    for (name, policy) in [
+        ("the shipped default policy", &shipped),
+        ("the default with scoring = \"relevance\"", &relevant),
+        ("...and the agent passes on (exact mode)", &exact_agentic),
+        ("...and the agent passes on, stable mode", &agentic),
+    ] {
+        println!(
+            "\nShare of {} cases forwarding what the answer needs, {name}",
+            cases.len()
+        );
+        print!("{}", markdown(&table(&cases, policy)));
+    }
+    println!();
+}
 
 const BENCH_SEED: u64 = 2026;
 const CHATS: usize = 200;
@@ -286,6 +328,7 @@ fn cost(c: &mut Criterion) {
 fn benches(c: &mut Criterion) {
     if std::env::var_os("RELEVANCE_BENCH_NO_FASTEST").is_none() {
         print_retention();
+        print_cases();
     }
     cost(c);
 }

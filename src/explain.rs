@@ -84,6 +84,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                     .map_or("", |t| match t.cut {
                         Cut::Sentence => " at a sentence boundary",
                         Cut::Hard => " (hard cut, no sentence boundary near)",
+                        Cut::Match => " around what the request asks about",
                     });
                 (
                     Fate::Trimmed,

@@ -21,6 +21,7 @@
 
 pub mod agent;
 pub mod budget;
+pub mod relevant;
 pub mod stable;
 pub mod thinking;
 pub mod tokens;
@@ -57,52 +58,49 @@ pub fn pins(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<bool> {
 
 /// `scoring = "relevance"`: marks in `protected` the items whose relevance
 /// to the latest request (`messages` are the items' engine view) is at
-/// least `pin_relevant_above`, and the items holding the calls that a
-/// relevant tool result answers, so the agent passes neither prune, dedupe
-/// nor clip them. Unlike the engine's relevance pins, no budget share caps
-/// these: they only keep the passes off, the engine still decides what
-/// fits. A seed policy marks nothing.
+/// least `pin_relevant_above`, with the items of the same tool calls (a
+/// relevant result protects its call, a relevant call its results), so
+/// the agent passes neither prune, dedupe nor clip them. Unlike the
+/// engine's relevance pins, no budget share caps these: they only keep the
+/// passes off, the engine still decides what fits. Returns what relevance
+/// found (`None` under seed scoring, which marks nothing).
 pub fn protect_relevant(
     conversation: &Conversation,
     messages: &[Message],
     policy: &CompiledPolicy,
     protected: &mut [bool],
-) {
+) -> Option<engine::relevance::Relevance> {
     let engine::ScoringMethod::Relevance(knobs) = &policy.engine.scoring else {
-        return;
+        return None;
     };
     let found =
         engine::relevance::analyze_cached(messages, knobs.goal.as_deref(), &*policy.analyses);
-    let items = &conversation.items;
-    for (i, &r) in found.relevance.iter().enumerate() {
-        if Some(i) == found.query_index || r <= 0.0 || r < knobs.pin_relevant_above {
-            continue;
-        }
-        protected[i] = true;
-        if let Some(id) = items[i].answers.as_deref() {
-            let call = items[..i]
-                .iter()
-                .rposition(|item| item.tool_calls.iter().any(|c| c.id == id));
-            if let Some(k) = call {
-                protected[k] = true;
-            }
-        }
-    }
+    let relevant: Vec<bool> = found
+        .relevance
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| Some(i) != found.query_index && r > 0.0 && r >= knobs.pin_relevant_above)
+        .collect();
+    relevant::protect_units(conversation, &relevant, protected);
+    Some(found)
 }
 
 /// The engine's view of the items under `policy`'s pin rules.
 pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
+    let subjects = relevant::subjects(conversation, policy);
     conversation
         .items
         .iter()
         .zip(pins(conversation, policy))
-        .map(|(m, pin)| Message {
+        .zip(subjects)
+        .map(|((m, pin), subject)| Message {
             role: m.role,
             content: m.text.clone(),
             id: None,
             pin,
             fixed_chars: m.fixed_chars,
             group: m.group,
+            subject,
         })
         .collect()
 }
@@ -411,16 +409,20 @@ pub fn run_passes(
     let conversation = &parsed.conversation;
     let mut messages = engine_messages(conversation, policy);
     let mut protected = protected_items(conversation, policy);
+    let mut found = None;
     if policy.agent.any_pass() && conversation.total_chars() > policy.engine.budget_chars {
-        protect_relevant(conversation, &messages, policy, &mut protected);
+        found = protect_relevant(conversation, &messages, policy, &mut protected);
     }
-    let edits = agent::run(
+    let mut edits = agent::run(
         conversation,
         &protected,
         policy.engine.budget_chars,
         &policy.agent,
         &|item, call| parsed.can_replace_arguments(item, call),
     );
+    if let Some(found) = &found {
+        relevant::prune_around_matches(conversation, found, &mut edits);
+    }
     // A chat without tools (most bodies) has no edits: the conversation
     // and the messages already made from it are what the engine sees.
     let applied;

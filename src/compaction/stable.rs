@@ -356,6 +356,8 @@ struct Replay<'a> {
     policy: &'a CompiledPolicy,
     /// Pins of each item under the policy's rules.
     pins: Vec<bool>,
+    /// What relevance reads of each item beside its text (tool calls).
+    subjects: Vec<String>,
     /// Pins and kept roles: what the agent passes never touch.
     protected: Vec<bool>,
     /// Excluded tools' units: the engine may drop them but never cut them.
@@ -392,6 +394,7 @@ impl<'a> Replay<'a> {
             conversation,
             policy,
             pins,
+            subjects: super::relevant::subjects(conversation, policy),
             protected,
             excluded: agent::excluded_items(conversation, &policy.agent),
             budget,
@@ -695,6 +698,7 @@ impl<'a> Replay<'a> {
                     pin: k < head_len || self.pins[e.index as usize],
                     fixed_chars,
                     group: item.group,
+                    subject: self.subjects[e.index as usize].clone(),
                 }
             })
             .collect();

@@ -98,6 +98,10 @@ pub struct Message {
     pub fixed_chars: usize,
     /// Messages with the same group are kept or dropped together.
     pub group: Option<u32>,
+    /// Text that counts for relevance only, never kept nor counted toward
+    /// the budget: a tool call's name and arguments, on the call and on
+    /// the results answering it.
+    pub subject: String,
 }
 
 impl Message {
@@ -109,6 +113,7 @@ impl Message {
             pin: false,
             fixed_chars: 0,
             group: None,
+            subject: String::new(),
         }
     }
 }
@@ -225,6 +230,11 @@ struct Working<'a> {
     kept_chars: Vec<usize>,
     content_chars: Vec<usize>,
     protected: Vec<bool>,
+    /// Relevant messages cut around their match, not to a prefix: their
+    /// kept text (`kept_chars` chars).
+    excerpts: Vec<Option<String>>,
+    /// The excerpts made while pinning, for the trim stage's record.
+    pinned_excerpts: Vec<Trimmed>,
     total: usize,
     budget: usize,
 }
@@ -246,6 +256,8 @@ impl<'a> Working<'a> {
             kept_chars: content_chars.clone(),
             content_chars,
             protected: vec![false; messages.len()],
+            excerpts: vec![None; messages.len()],
+            pinned_excerpts: Vec::new(),
             total,
             budget,
         }
@@ -273,6 +285,12 @@ impl<'a> Working<'a> {
     fn set_kept(&mut self, i: usize, kept: usize) {
         self.total -= self.kept_chars[i] - kept;
         self.kept_chars[i] = kept;
+    }
+
+    /// Keeps `excerpt` (shorter than the content) of message `i`.
+    fn set_excerpt(&mut self, i: usize, excerpt: String) {
+        self.set_kept(i, text::char_count(&excerpt));
+        self.excerpts[i] = Some(excerpt);
     }
 
     /// Unprotected messages still present, in index order.
@@ -337,12 +355,14 @@ pub fn compact_cached(messages: &[Message], policy: &Policy, caches: &dyn Caches
     let mut work = Working::new(messages, policy.budget_chars);
     let input_chars = work.total;
 
-    let relevant = relevance
-        .as_ref()
-        .map(|(found, knobs)| (found.relevance.as_slice(), *knobs));
+    let relevant = relevance.as_ref().map(|(found, knobs)| (found, *knobs));
     let (pin, reasons, relevant_pins) = pin::run(&mut work, policy, relevant);
     let dedupe = dedupe::run(&mut work, &scores, policy);
-    let trim = trim::run(&mut work, policy);
+    let trim = trim::run(
+        &mut work,
+        policy,
+        relevance.as_ref().map(|(found, _)| found),
+    );
     let drop = drop::run(&mut work, &scores);
 
     let mut out = Vec::with_capacity(messages.len());
@@ -383,7 +403,9 @@ pub fn compact_cached(messages: &[Message], policy: &Policy, caches: &dyn Caches
         out.push(OutputMessage {
             index: i,
             role: m.role,
-            content: if trimmed {
+            content: if let Some(excerpt) = &work.excerpts[i] {
+                excerpt.clone()
+            } else if trimmed {
                 text::char_prefix(&m.content, kept).to_owned()
             } else {
                 m.content.clone()

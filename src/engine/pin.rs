@@ -2,7 +2,8 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{PinRule, PinStage, Policy, ProtectedBecause, RelevancePolicy, Working};
+use super::relevance::{excerpt, Relevance};
+use super::{Cut, PinRule, PinStage, Policy, ProtectedBecause, RelevancePolicy, Trimmed, Working};
 
 /// Marks protected messages; returns the stage record, each message's
 /// reasons (empty when unprotected), in the order pin, role, recent, and
@@ -11,7 +12,7 @@ use super::{PinRule, PinStage, Policy, ProtectedBecause, RelevancePolicy, Workin
 pub(super) fn run(
     work: &mut Working,
     policy: &Policy,
-    relevance: Option<(&[f64], &RelevancePolicy)>,
+    relevance: Option<(&Relevance, &RelevancePolicy)>,
 ) -> (PinStage, Vec<Vec<ProtectedBecause>>, Vec<usize>) {
     let n = work.messages.len();
     let first_recent = n.saturating_sub(policy.keep_last_n);
@@ -37,7 +38,7 @@ pub(super) fn run(
     protect_groups(work, &mut reasons);
     let relevant_pins = match relevance {
         Some((relevance, knobs)) => {
-            let pins = pin_relevant(work, &mut reasons, relevance, knobs);
+            let pins = pin_relevant(work, &mut reasons, relevance, knobs, policy);
             protect_groups(work, &mut reasons);
             pins
         }
@@ -92,11 +93,13 @@ fn protect_groups(work: &Working, reasons: &mut [Vec<ProtectedBecause>]) {
 /// smaller ones after it may still be pinned. Returns the pinned indices,
 /// ascending.
 fn pin_relevant(
-    work: &Working,
+    work: &mut Working,
     reasons: &mut [Vec<ProtectedBecause>],
-    relevance: &[f64],
+    found: &Relevance,
     knobs: &RelevancePolicy,
+    policy: &Policy,
 ) -> Vec<usize> {
+    let relevance = found.relevance.as_slice();
     let protected_chars: usize = (0..work.messages.len())
         .filter(|&i| !reasons[i].is_empty())
         .map(|i| work.chars(i))
@@ -125,6 +128,29 @@ fn pin_relevant(
             Some(members) => members.as_slice(),
             None => std::slice::from_ref(&i),
         };
+        let chars: usize = unit.iter().map(|&k| work.chars(k)).sum();
+        if chars > room && !work.fits() {
+            // Too long whole: the unit's longest text cut around the
+            // match, when that fits (a tool result, not its call).
+            let Some(&longest) = unit.iter().max_by_key(|&&k| (work.kept_chars[k], k)) else {
+                continue;
+            };
+            let others = chars - work.chars(longest);
+            let cap = policy
+                .max_message_chars
+                .min(room.saturating_sub(others + work.messages[longest].fixed_chars));
+            let Some(cut) = excerpt(&work.messages[longest].content, &found.query, cap) else {
+                continue;
+            };
+            let original_chars = work.chars(longest);
+            work.set_excerpt(longest, cut);
+            work.pinned_excerpts.push(Trimmed {
+                index: longest,
+                original_chars,
+                chars: work.chars(longest),
+                cut: Cut::Match,
+            });
+        }
         let chars: usize = unit.iter().map(|&k| work.chars(k)).sum();
         if chars > room {
             continue;

@@ -147,6 +147,10 @@ pub struct DedupeRule {
 pub enum Cut {
     Sentence,
     Hard,
+    /// `scoring = "relevance"`: a relevant message cut to the lines or
+    /// sentences around where the query matches it (each table row with
+    /// its header row), the rest as omission markers.
+    Match,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -2,14 +2,15 @@
 //! at the last sentence boundary, or hard at the limit when that boundary
 //! would keep less than 40 percent of it.
 
+use super::relevance::{excerpt, Relevance};
 use super::{Cut, Policy, TrimRule, TrimStage, Trimmed, Working, TRIM_CUT_AT};
 
 /// Share of the limit a sentence cut must keep; below it the cut is hard.
 const MIN_SENTENCE_SHARE: f64 = 0.4;
 
-pub(super) fn run(work: &mut Working, policy: &Policy) -> TrimStage {
+pub(super) fn run(work: &mut Working, policy: &Policy, found: Option<&Relevance>) -> TrimStage {
     let limit = policy.max_message_chars;
-    let mut trimmed = Vec::new();
+    let mut trimmed = std::mem::take(&mut work.pinned_excerpts);
     let candidates: Vec<usize> = work.candidates().collect();
     for j in candidates {
         if work.fits() {
@@ -18,9 +19,22 @@ pub(super) fn run(work: &mut Working, policy: &Policy) -> TrimStage {
         if work.content_chars[j] <= limit {
             continue;
         }
-        let (kept, cut) = cut_point(&work.messages[j].content, limit);
         let original_chars = work.chars(j);
-        work.set_kept(j, kept);
+        // A relevant message keeps its part around the match.
+        let around = found
+            .filter(|f| f.relevance[j] > 0.0)
+            .and_then(|f| excerpt(&work.messages[j].content, &f.query, limit));
+        let cut = match around {
+            Some(text) => {
+                work.set_excerpt(j, text);
+                Cut::Match
+            }
+            None => {
+                let (kept, cut) = cut_point(&work.messages[j].content, limit);
+                work.set_kept(j, kept);
+                cut
+            }
+        };
         trimmed.push(Trimmed {
             index: j,
             original_chars,

@@ -35,6 +35,7 @@ mod proxy_streaming;
 mod proxy_tls;
 mod proxy_transparency;
 mod proxy_upgrade;
+mod relevance_cases;
 mod relevance_retention;
 mod request_shapes;
 mod sdk_formats;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use foldhash::fast::RandomState;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_128_with_seed};
 
+use super::context::{find_aliases, Alias};
 use super::terms::{for_each_keyed_term, normalize, term_id, Kind, TermMasks, TermMemo};
 
 /// What relevance needs of one message, whatever the query: each distinct
@@ -21,6 +22,8 @@ pub struct Analysis {
     /// `(term id, count)`, in the order the terms first occur.
     pub terms: Vec<(u64, u32)>,
     pub length: u32,
+    /// The alias definitions the text makes (nearly always none).
+    pub aliases: Vec<Alias>,
 }
 
 impl Analysis {
@@ -32,7 +35,13 @@ impl Analysis {
 
     /// Approximate bytes held, for a cache's weigher.
     pub fn weight(&self) -> u32 {
-        let bytes = 64 + self.terms.len() * std::mem::size_of::<(u64, u32)>();
+        let aliases: usize = self
+            .aliases
+            .iter()
+            .flat_map(|a| a.names.iter().flatten())
+            .map(|t| 24 + t.len())
+            .sum();
+        let bytes = 64 + self.terms.len() * std::mem::size_of::<(u64, u32)>() + aliases;
         u32::try_from(bytes).unwrap_or(u32::MAX)
     }
 }
@@ -152,7 +161,7 @@ pub trait AnalysisCache {
 
 /// Bumped when what an analysis holds changes, so that entries made under
 /// an older term definition are never reused.
-const ANALYSIS_VERSION: u64 = 1;
+const ANALYSIS_VERSION: u64 = 2;
 
 /// The cache key of a message text: a 128-bit hash, so distinct texts do
 /// not meet in practice.
@@ -363,7 +372,13 @@ impl Analyzer {
                 terms.push((ids[slot as usize], count));
             }
         }
-        Analysis { terms, length }
+        let mut aliases = Vec::new();
+        find_aliases(text, &mut aliases);
+        Analysis {
+            terms,
+            length,
+            aliases,
+        }
     }
 }
 

@@ -40,7 +40,11 @@
 //! bit, with any cache or none. Pure: no I/O; a cache is the caller's.
 
 mod analysis;
+mod context;
+mod excerpt;
 mod query;
+#[cfg(test)]
+mod rule_tests;
 mod terms;
 #[cfg(test)]
 mod tests;
@@ -48,10 +52,13 @@ mod tests;
 pub use analysis::{
     fill, history_keys, message_key, Analysis, AnalysisCache, CachedAnalysis, History,
 };
+pub use context::Alias;
+pub use excerpt::{excerpt, omission_marker, QueryTerms};
 pub use terms::{is_stopword, stem, term_id, terms};
 
 use analysis::HistoryLookup;
 use query::{Query, QueryCounter};
+use rustc_hash::FxHashMap;
 use terms::for_each_term;
 
 use super::{Message, Role};
@@ -71,6 +78,8 @@ pub struct Relevance {
     pub query_index: Option<usize>,
     /// Normalised relevance of each input message, in [0, 1].
     pub relevance: Vec<f64>,
+    /// The query's terms with their weights, for [`excerpt`].
+    pub query: QueryTerms,
 }
 
 /// Scores each message of `messages` against the latest user message and
@@ -90,43 +99,25 @@ pub fn analyze_cached(
 ) -> Relevance {
     let query_index = messages.iter().rposition(|m| m.role == Role::User);
     let mut query = Query::default();
+    // The turns the request refers back to: part of the question.
+    let mut followed = Vec::new();
     if let Some(q) = query_index {
         for_each_term(&messages[q].content, |term, kind| query.add(term, kind));
+        followed = context::add_references(messages, q, &mut query);
     }
     if let Some(goal) = goal {
         for_each_term(goal, |term, kind| query.add(term, kind));
     }
     let mut relevance = vec![0.0; messages.len()];
-    if query.terms.is_empty() {
-        if let Some(q) = query_index {
-            relevance[q] = 1.0;
-        }
-        return Relevance {
-            query_terms: Vec::new(),
-            query_index,
-            relevance,
-        };
-    }
 
-    // Each document's length and query-term counts, from its analysis.
-    let terms = query.terms.len();
-    let mut tf = vec![0u32; messages.len() * terms];
-    let mut length = vec![0u32; messages.len()];
-    let mut df = vec![0u32; terms];
-    let mut documents = 0usize;
-    let mut add_document = |counts: &[u32]| {
-        documents += 1;
-        for (d, &c) in df.iter_mut().zip(counts) {
-            *d += u32::from(c > 0);
-        }
-    };
     // A history whose earlier turn the cache holds reuses its analyses
     // and adds its new messages'. Without one (no cache, or the first
     // turn the cache sees), analysing every message would double this
     // request's cost: the query's terms are counted straight from the
     // text, and a cache that can builds the analyses after the request.
     let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-    let found = cache.enabled().then(|| HistoryLookup::new(&texts, cache));
+    let found =
+        (!query.terms.is_empty() && cache.enabled()).then(|| HistoryLookup::new(&texts, cache));
     let count_directly = match &found {
         None => true,
         Some(lookup) => {
@@ -137,26 +128,87 @@ pub fn analyze_cached(
                     .is_some_and(|&history| cache.fill_later(history, &texts))
         }
     };
-    if let (Some(lookup), false) = (found, count_directly) {
-        lookup.analyses(&texts, cache).for_each(|i, analysis| {
+    let analyses = match (found, count_directly) {
+        (Some(lookup), false) => Some(lookup.analyses(&texts, cache)),
+        _ => None,
+    };
+    // Aliases link the query's names to their other names.
+    if !query.terms.is_empty() {
+        let mut aliases = Vec::new();
+        match &analyses {
+            Some(analyses) => {
+                analyses.for_each(|_, a| aliases.extend(a.aliases.iter().cloned()));
+            }
+            None => {
+                for text in &texts {
+                    context::find_aliases(text, &mut aliases);
+                }
+            }
+        }
+        context::link_aliases(&aliases, &mut query);
+    }
+    if query.terms.is_empty() {
+        if let Some(q) = query_index {
+            relevance[q] = 1.0;
+        }
+        return Relevance {
+            query_terms: Vec::new(),
+            query_index,
+            relevance,
+            query: QueryTerms::default(),
+        };
+    }
+
+    // Each document's length and query-term counts, from its analysis.
+    let terms = query.terms.len();
+    let mut tf = vec![0u32; messages.len() * terms];
+    let mut length = vec![0u32; messages.len()];
+    if let Some(analyses) = &analyses {
+        analyses.for_each(|i, analysis| {
             if Some(i) == query_index {
                 return;
             }
-            let counts = &mut tf[i * terms..(i + 1) * terms];
             length[i] = analysis.length;
-            query.count_in(analysis, counts);
-            add_document(counts);
+            query.count_in(analysis, &mut tf[i * terms..(i + 1) * terms]);
         });
     } else {
         // The same integers as counting the terms in analyses.
         let mut counter = QueryCounter::new(&query);
-        for (i, m) in messages.iter().enumerate() {
-            if Some(i) == query_index {
-                continue;
+        for (i, text) in texts.iter().enumerate() {
+            if Some(i) != query_index {
+                length[i] = counter.count(text, &mut tf[i * terms..(i + 1) * terms]);
             }
-            let counts = &mut tf[i * terms..(i + 1) * terms];
-            length[i] = counter.count(&m.content, counts);
-            add_document(counts);
+        }
+    }
+    // Subjects (a tool result's call) are a second, short field of their
+    // message, counted from their text: a few dozen bytes each.
+    let subjects: Vec<usize> = (0..messages.len())
+        .filter(|&i| Some(i) != query_index && !messages[i].subject.is_empty())
+        .collect();
+    let mut subject_tf = vec![0u32; subjects.len() * terms];
+    let mut subject_length = vec![0u32; subjects.len()];
+    if !subjects.is_empty() {
+        let mut counter = QueryCounter::new(&query);
+        for (k, &i) in subjects.iter().enumerate() {
+            let counts = &mut subject_tf[k * terms..(k + 1) * terms];
+            subject_length[k] = counter.count(&messages[i].subject, counts);
+        }
+    }
+    let subject_of: FxHashMap<usize, usize> =
+        subjects.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    let mut df = vec![0u32; terms];
+    let mut documents = 0usize;
+    for i in 0..messages.len() {
+        if Some(i) == query_index {
+            continue;
+        }
+        documents += 1;
+        let subject = subject_of
+            .get(&i)
+            .map(|&k| &subject_tf[k * terms..(k + 1) * terms]);
+        for (t, d) in df.iter_mut().enumerate() {
+            let in_subject = subject.is_some_and(|s| s[t] > 0);
+            *d += u32::from(tf[i * terms + t] > 0 || in_subject);
         }
     }
     let total_length: u64 = length.iter().map(|&l| u64::from(l)).sum();
@@ -171,7 +223,13 @@ pub fn analyze_cached(
         .map(|&d| (1.0 + (n - d as f64 + 0.5) / (d as f64 + 0.5)).ln())
         .collect();
 
+    let average_subject = if subjects.is_empty() {
+        1.0
+    } else {
+        (subject_length.iter().map(|&l| f64::from(l)).sum::<f64>() / subjects.len() as f64).max(1.0)
+    };
     let mut best = 0.0f64;
+    let mut matched = vec![0u64; messages.len()];
     for (i, r) in relevance.iter_mut().enumerate() {
         if Some(i) == query_index {
             continue;
@@ -181,26 +239,43 @@ pub fn analyze_cached(
         for (t, &count) in tf[i * terms..(i + 1) * terms].iter().enumerate() {
             if count > 0 {
                 let f = count as f64;
-                score += idf[t] * f * (K1 + 1.0) / (f + norm);
+                score += query.weights[t] * idf[t] * f * (K1 + 1.0) / (f + norm);
+                matched[i] |= 1u64 << (t % 64);
+            }
+        }
+        if let Some(&k) = subject_of.get(&i) {
+            let norm = K1 * (1.0 - B + B * subject_length[k] as f64 / average_subject);
+            for (t, &count) in subject_tf[k * terms..(k + 1) * terms].iter().enumerate() {
+                if count > 0 {
+                    let f = count as f64;
+                    score += query.weights[t] * idf[t] * f * (K1 + 1.0) / (f + norm);
+                    matched[i] |= 1u64 << (t % 64);
+                }
             }
         }
         *r = score;
-        best = best.max(score);
+        if !followed.contains(&i) {
+            best = best.max(score);
+        }
     }
     if best > 0.0 {
         for r in &mut relevance {
             *r /= best;
         }
     }
-    if let Some(q) = query_index {
-        relevance[q] = 1.0;
+    context::prefer_latest(messages, &matched, terms, &mut relevance);
+    for &i in followed.iter().chain(&query_index) {
+        relevance[i] = 1.0;
     }
 
+    let weights = query.weights.iter().zip(&idf).map(|(w, i)| w * i).collect();
+    let ids = query.ids.clone();
     let mut query_terms: Vec<String> = query.terms.into_iter().map(|(t, _)| t).collect();
     query_terms.sort_unstable();
     Relevance {
         query_terms,
         query_index,
         relevance,
+        query: QueryTerms { ids, weights },
     }
 }

@@ -168,7 +168,10 @@ fn starts_a_term_of(a: u8, b: u8, prefixes: &[u64]) -> bool {
 pub(super) struct Query {
     pub(super) terms: Vec<(String, Kind)>,
     /// [`term_id`] of each term, by position.
-    ids: Vec<u64>,
+    pub(super) ids: Vec<u64>,
+    /// The weight of each term, by position: 1 for the request's and the
+    /// goal's own, less for words of the turns it refers back to.
+    pub(super) weights: Vec<f64>,
     /// A 256-bit Bloom filter on the ids: most document terms are not
     /// query terms and stop at one bit test (a warm turn tests every term
     /// of the history, ~40 per message).
@@ -177,15 +180,44 @@ pub(super) struct Query {
 
 impl Query {
     pub(super) fn add(&mut self, raw: &str, kind: Kind) {
+        self.add_weighted(raw, kind, 1.0);
+    }
+
+    /// Adds the term `raw` normalises to at `weight`; a term already in
+    /// the query keeps the higher of its weights.
+    pub(super) fn add_weighted(&mut self, raw: &str, kind: Kind, weight: f64) {
         let Some(term) = normalize(raw, kind, &mut String::new()) else {
             return;
         };
+        self.add_normalized(term, kind, weight);
+    }
+
+    /// Adds an already normalised term at `weight`.
+    pub(super) fn add_term(&mut self, term: String, weight: f64) {
+        let kind = if term.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            Kind::Plain
+        } else {
+            Kind::Joined
+        };
+        self.add_normalized(term, kind, weight);
+    }
+
+    fn add_normalized(&mut self, term: String, kind: Kind, weight: f64) {
         let id = term_id(&term);
-        if !self.ids.contains(&id) {
-            self.mask[(id >> 6) as usize & 3] |= 1 << (id & 63);
-            self.ids.push(id);
-            self.terms.push((term, kind));
+        match self.ids.iter().position(|&q| q == id) {
+            Some(t) => self.weights[t] = self.weights[t].max(weight),
+            None => {
+                self.mask[(id >> 6) as usize & 3] |= 1 << (id & 63);
+                self.ids.push(id);
+                self.weights.push(weight);
+                self.terms.push((term, kind));
+            }
         }
+    }
+
+    /// Whether the normalised term `term` is a query term.
+    pub(super) fn holds(&self, term: &str) -> bool {
+        self.ids.contains(&term_id(term))
     }
 
     /// The index of the query term `raw` normalises to, or [`NOT_A_QUERY_TERM`].
