@@ -15,6 +15,9 @@
 //! - [`proxy`]: server, forwarding, headers, streaming.
 //! - [`metrics`]: what operators watch ([`proxy::admin`] serves it).
 //! - [`error`]: the proxy's own failures as HTTP answers.
+//! - [`summarizer`]: the model client that writes summaries (one file
+//!   per wire format), and map-reduce over large transcripts.
+//! - [`store`]: summaries keyed by what they were made from.
 //! - [`cli`]: the commands of the binary.
 
 pub mod cache;
@@ -32,3 +35,5 @@ pub mod metrics;
 pub mod outcome;
 pub mod policy;
 pub mod proxy;
+pub mod store;
+pub mod summarizer;

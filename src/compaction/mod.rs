@@ -22,6 +22,7 @@
 pub mod agent;
 pub mod budget;
 pub mod stable;
+pub mod summary;
 pub mod tokens;
 
 use crate::engine::{self, Kept, Message, Report};

@@ -41,6 +41,7 @@ pub mod headers;
 pub mod server;
 pub mod state;
 pub mod stream_end;
+pub mod summaries;
 pub mod upstream;
 pub mod workers;
 
@@ -114,6 +115,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             bypass_refused,
             stable: None,
             report_id: None,
+            summary: None,
         };
         return forward(
             &state,
@@ -139,13 +141,24 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
             Ok(decided) => decided,
             Err(e) => return refuse(e, Some(&resolution), record),
         };
+    let (decided, summary) = summaries::apply(
+        &state,
+        &runtime,
+        &resolution,
+        &raw,
+        coding,
+        &parts.headers,
+        decided,
+    )
+    .await;
+    record.summary = summary.clone();
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
     let report_id = (resolution.policy.allow_report && headers::wants_report(&parts.headers))
         .then(|| schedule_report(&state, &runtime, &resolution, raw.clone(), coding));
     let (status, outcome) = (decided.status, decided.outcome);
     let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
-        Some(rewritten) if status == Status::Compacted => {
+        Some(rewritten) if status.is_compacted() => {
             // The rewritten body is plain JSON whatever the client sent.
             parts.headers.remove(header::CONTENT_ENCODING);
             parts
@@ -167,6 +180,7 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         bypass_refused,
         stable,
         report_id,
+        summary,
     };
     forward(
         &state,
@@ -226,6 +240,8 @@ struct Verdict {
     stable: Option<StableInfo>,
     /// The id under which this request's per-message report is kept.
     report_id: Option<String>,
+    /// The summary forwarded in place of older messages.
+    summary: Option<crate::outcome::SummaryReport>,
 }
 
 impl Verdict {
@@ -244,6 +260,9 @@ impl Verdict {
         }
         if let Some(id) = &self.report_id {
             headers::write_report_id(headers, id);
+        }
+        if let Some(summary) = &self.summary {
+            headers::write_summary(headers, summary);
         }
     }
 }

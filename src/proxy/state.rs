@@ -26,6 +26,15 @@ pub struct AppState {
     /// One permit per core: compactions beyond that queue (see [`super::compact`]);
     /// `/v1/memory-compact` takes the same permits.
     pub(crate) compactions: Arc<tokio::sync::Semaphore>,
+    /// Summaries by what they were made from ([`crate::store`]).
+    pub summary_store: Arc<crate::store::LocalStore>,
+    /// The connection pool of summarizer calls.
+    pub summarizer_client: crate::summarizer::client::HttpClient,
+    /// Keys of summaries being written in the background.
+    pub(crate) summaries_in_flight: std::sync::Mutex<std::collections::HashSet<u128>>,
+    /// Stable mode, background timing: the summary each re-compaction
+    /// chose, by the key of what it replaced.
+    pub(crate) summary_choices: moka::sync::Cache<u128, u128>,
     /// Request bytes held in memory across all requests.
     pub buffers: Arc<body::BufferBudget>,
     shutting_down: AtomicBool,
@@ -46,7 +55,15 @@ impl AppState {
             &runtime.upstream_roots,
             super::workers::count_for(runtime.config.server.workers),
         );
+        let store_bytes = match runtime.config.store.max_bytes {
+            0 => 16 * 1024 * 1024,
+            n => n,
+        };
         Arc::new(AppState {
+            summary_store: Arc::new(crate::store::LocalStore::new(store_bytes)),
+            summarizer_client: crate::summarizer::client::HttpClient::new(),
+            summaries_in_flight: Default::default(),
+            summary_choices: moka::sync::Cache::new(100_000),
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
             runtime: RwLock::new(Arc::new(runtime)),
