@@ -380,7 +380,12 @@ impl Metrics {
     }
 
     /// Counts what one summary cost at its provider.
-    pub fn summarizer_tokens(&self, policy: &str, summarizer: &str, usage: crate::summarizer::Usage) {
+    pub fn summarizer_tokens(
+        &self,
+        policy: &str,
+        summarizer: &str,
+        usage: crate::summarizer::Usage,
+    ) {
         for (kind, tokens) in [
             ("prompt", usage.prompt_tokens),
             ("completion", usage.completion_tokens),

@@ -583,7 +583,10 @@ fn compile_summarizer(
         None => upstream.cloned(),
     };
     if s.model.trim().is_empty() {
-        problems.push(("model".into(), "is required: the model that writes summaries".into()));
+        problems.push((
+            "model".into(),
+            "is required: the model that writes summaries".into(),
+        ));
     }
     let credentials = crate::summarizer::Credentials::parse(&s.credentials)
         .map_err(|m| problems.push(("credentials".into(), m)))

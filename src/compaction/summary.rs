@@ -141,9 +141,7 @@ fn place(conversation: &Conversation, plan: Plan, removed: Vec<usize>, format: F
             break;
         }
     }
-    if format == Format::Anthropic
-        && insert_at > 0
-        && items[plan.items[0].index].role != Role::User
+    if format == Format::Anthropic && insert_at > 0 && items[plan.items[0].index].role != Role::User
     {
         insert_at = 0;
     }
@@ -272,8 +270,14 @@ mod tests {
 
     #[test]
     fn nothing_older_than_the_tail_is_no_removal() {
-        assert_eq!(exact_removal(&conversation(), &policy(8), Format::Chat), None);
-        assert_eq!(exact_removal(&conversation(), &policy(6), Format::Chat), None);
+        assert_eq!(
+            exact_removal(&conversation(), &policy(8), Format::Chat),
+            None
+        );
+        assert_eq!(
+            exact_removal(&conversation(), &policy(6), Format::Chat),
+            None
+        );
     }
 
     #[test]
@@ -317,14 +321,25 @@ mod tests {
         assert_eq!(summary_id("plain text"), None);
         let system = summary_item(Format::Chat, SummaryRole::System, "x", "t");
         assert!(system.contains(r#""role":"system""#));
-        let anthropic: serde_json::Value =
-            serde_json::from_str(&summary_item(Format::Anthropic, SummaryRole::System, "x", "t"))
-                .unwrap();
-        assert_eq!(anthropic["role"], "user", "a Messages summary is a user turn");
+        let anthropic: serde_json::Value = serde_json::from_str(&summary_item(
+            Format::Anthropic,
+            SummaryRole::System,
+            "x",
+            "t",
+        ))
+        .unwrap();
+        assert_eq!(
+            anthropic["role"], "user",
+            "a Messages summary is a user turn"
+        );
         assert_eq!(anthropic["content"][0]["type"], "text");
-        let responses: serde_json::Value =
-            serde_json::from_str(&summary_item(Format::Responses, SummaryRole::User, "x", "t"))
-                .unwrap();
+        let responses: serde_json::Value = serde_json::from_str(&summary_item(
+            Format::Responses,
+            SummaryRole::User,
+            "x",
+            "t",
+        ))
+        .unwrap();
         assert_eq!(responses["type"], "message");
         assert_eq!(responses["content"][0]["type"], "input_text");
     }

@@ -131,9 +131,18 @@ pub fn write_summary(headers: &mut HeaderMap, summary: &crate::outcome::SummaryR
     let numbers = [
         ("x-compaction-summary-chunks", Some(summary.chunks as u64)),
         ("x-compaction-summary-passes", Some(summary.passes as u64)),
-        ("x-compaction-summary-replaced", Some(summary.replaced as u64)),
-        ("x-compaction-summarizer-prompt-tokens", summary.prompt_tokens),
-        ("x-compaction-summarizer-completion-tokens", summary.completion_tokens),
+        (
+            "x-compaction-summary-replaced",
+            Some(summary.replaced as u64),
+        ),
+        (
+            "x-compaction-summarizer-prompt-tokens",
+            summary.prompt_tokens,
+        ),
+        (
+            "x-compaction-summarizer-completion-tokens",
+            summary.completion_tokens,
+        ),
     ];
     for (name, value) in numbers {
         if let Some(value) = value {

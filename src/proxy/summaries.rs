@@ -38,7 +38,7 @@ use crate::policy::{Resolution, Runtime, SummaryPolicy};
 use crate::store::{Key, Store, StoredSummary};
 use crate::summarizer::client::{CallerKey, HttpSummarizer};
 use crate::summarizer::mapreduce::{self, Limits};
-use crate::summarizer::{prompt, SummarizeError, Summarize};
+use crate::summarizer::{prompt, Summarize, SummarizeError};
 
 /// Applies a summarizing policy to a decided body; anything else passes
 /// as it came. Never fails: what cannot be summarized stays the engine's.
@@ -388,7 +388,10 @@ fn prefix_keys(policy: &SummaryPolicy, entries: &[String]) -> Vec<Key> {
         s.format.as_str().as_bytes(),
         s.model.as_bytes(),
         endpoint.as_bytes(),
-        p.frame.as_deref().unwrap_or(prompt::DEFAULT_FRAME).as_bytes(),
+        p.frame
+            .as_deref()
+            .unwrap_or(prompt::DEFAULT_FRAME)
+            .as_bytes(),
         p.instructions.as_bytes(),
     ];
     for part in header.into_iter().chain([target.as_slice()]) {

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{checked, Summary, SummarizeError, SummaryRequest, Usage};
+use super::{checked, SummarizeError, Summary, SummaryRequest, Usage};
 
 /// The API version the requests name (`anthropic-version`).
 pub const VERSION: &str = "2023-06-01";

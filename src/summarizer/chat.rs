@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{checked, Summary, SummarizeError, SummaryRequest, Usage};
+use super::{checked, SummarizeError, Summary, SummaryRequest, Usage};
 
 /// The request body: the frame as the system message, the work as the user's.
 pub fn body(model: &str, request: &SummaryRequest) -> Value {
@@ -48,7 +48,11 @@ pub fn read(answer: &[u8]) -> Result<Summary, SummarizeError> {
         completion_tokens: Option<u64>,
     }
     let answer: Answer = serde_json::from_slice(answer).map_err(|_| SummarizeError::Garbage)?;
-    let choice = answer.choices.into_iter().next().ok_or(SummarizeError::Garbage)?;
+    let choice = answer
+        .choices
+        .into_iter()
+        .next()
+        .ok_or(SummarizeError::Garbage)?;
     let usage = answer.usage.map_or(Usage::default(), |u| Usage {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,
@@ -101,7 +105,8 @@ mod tests {
         assert_eq!(read(no_usage).unwrap().usage, Usage::default());
         let refused = br#"{"choices":[{"message":{"content":null,"refusal":"no"}}]}"#;
         assert_eq!(read(refused), Err(SummarizeError::Refusal));
-        let filtered = br#"{"choices":[{"message":{"content":"x"},"finish_reason":"content_filter"}]}"#;
+        let filtered =
+            br#"{"choices":[{"message":{"content":"x"},"finish_reason":"content_filter"}]}"#;
         assert_eq!(read(filtered), Err(SummarizeError::Refusal));
         assert_eq!(read(b"<html>"), Err(SummarizeError::Garbage));
         assert_eq!(read(br#"{"choices":[]}"#), Err(SummarizeError::Garbage));

@@ -192,7 +192,10 @@ mod tests {
     #[test]
     fn a_caller_key_copies_the_key_headers_and_never_prints_them() {
         let mut headers = HeaderMap::new();
-        headers.insert("authorization", HeaderValue::from_static("Bearer sk-secret"));
+        headers.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer sk-secret"),
+        );
         headers.insert("x-other", HeaderValue::from_static("v"));
         let key = CallerKey::from_headers(&headers);
         assert_eq!(key.headers.len(), 1);

@@ -260,7 +260,9 @@ pub(crate) mod tests {
     }
 
     fn entries(n: usize, chars: usize) -> Vec<String> {
-        (0..n).map(|i| format!("user: {i} {}", "w".repeat(chars))).collect()
+        (0..n)
+            .map(|i| format!("user: {i} {}", "w".repeat(chars)))
+            .collect()
     }
 
     #[test]
@@ -278,9 +280,14 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_transcript_that_fits_is_one_call_one_pass() {
         let canned = Arc::new(Canned::default());
-        let out = summarize(canned.clone(), &entries(3, 50), &PromptSettings::default(), limits(8000))
-            .await
-            .unwrap();
+        let out = summarize(
+            canned.clone(),
+            &entries(3, 50),
+            &PromptSettings::default(),
+            limits(8000),
+        )
+        .await
+        .unwrap();
         assert_eq!((out.chunks, out.passes, out.calls), (1, 1, 1));
         assert_eq!(out.text, "summary 0");
         assert_eq!(out.usage.prompt_tokens, Some(100));
@@ -293,9 +300,14 @@ pub(crate) mod tests {
     async fn a_larger_transcript_is_mapped_in_chunks_then_reduced() {
         let canned = Arc::new(Canned::default());
         // Room of a 1200-token window: 1200 - 100 - frame (~300) - 152.
-        let out = summarize(canned.clone(), &entries(40, 400), &PromptSettings::default(), limits(1200))
-            .await
-            .unwrap();
+        let out = summarize(
+            canned.clone(),
+            &entries(40, 400),
+            &PromptSettings::default(),
+            limits(1200),
+        )
+        .await
+        .unwrap();
         assert!(out.chunks > 2, "{out:?}");
         assert_eq!(out.passes, 2);
         assert_eq!(out.calls, out.chunks + 1);
@@ -313,10 +325,18 @@ pub(crate) mod tests {
         let canned = Arc::new(Canned::default());
         let mut few = limits(1200);
         few.max_chunks = 2;
-        let err = summarize(canned.clone(), &entries(40, 400), &PromptSettings::default(), few)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, SummarizeError::TooManyChunks { allowed: 2, .. }), "{err:?}");
+        let err = summarize(
+            canned.clone(),
+            &entries(40, 400),
+            &PromptSettings::default(),
+            few,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, SummarizeError::TooManyChunks { allowed: 2, .. }),
+            "{err:?}"
+        );
         assert!(err.is_over_limits());
         assert!(canned.inputs.lock().unwrap().is_empty(), "no call is made");
 
@@ -324,9 +344,14 @@ pub(crate) mod tests {
             fail_at: Some(1),
             ..Canned::default()
         });
-        let err = summarize(failing, &entries(40, 400), &PromptSettings::default(), limits(1200))
-            .await
-            .unwrap_err();
+        let err = summarize(
+            failing,
+            &entries(40, 400),
+            &PromptSettings::default(),
+            limits(1200),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err, SummarizeError::Status(500));
     }
 
@@ -334,9 +359,14 @@ pub(crate) mod tests {
     async fn one_pass_allowed_cannot_merge_chunks() {
         let mut one = limits(1200);
         one.max_passes = 1;
-        let err = summarize(Arc::new(Canned::default()), &entries(40, 400), &PromptSettings::default(), one)
-            .await
-            .unwrap_err();
+        let err = summarize(
+            Arc::new(Canned::default()),
+            &entries(40, 400),
+            &PromptSettings::default(),
+            one,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err, SummarizeError::NoConvergence(1));
     }
 }

@@ -66,9 +66,7 @@ impl Credentials {
         match text.strip_prefix("env:") {
             Some(name)
                 if !name.is_empty()
-                    && name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
             {
                 Ok(Credentials::Env(name.to_owned()))
             }
@@ -277,9 +275,15 @@ mod tests {
 
     #[test]
     fn empty_and_refusing_answers_are_errors() {
-        assert_eq!(checked("  \n".into(), Usage::default()), Err(SummarizeError::Empty));
         assert_eq!(
-            checked("I'm sorry, but I can't help with that.".into(), Usage::default()),
+            checked("  \n".into(), Usage::default()),
+            Err(SummarizeError::Empty)
+        );
+        assert_eq!(
+            checked(
+                "I'm sorry, but I can't help with that.".into(),
+                Usage::default()
+            ),
             Err(SummarizeError::Refusal)
         );
         let fine = checked(" ## Task\nFix the build. ".into(), Usage::default()).unwrap();

@@ -104,7 +104,12 @@ pub fn reduce_input(parts: &[String]) -> String {
         "Summaries of consecutive parts of one conversation, oldest first. Merge them into one summary under the same headings:\n",
     );
     for (i, part) in parts.iter().enumerate() {
-        out.push_str(&format!("\n<part {}>\n{}\n</part {}>\n", i + 1, part, i + 1));
+        out.push_str(&format!(
+            "\n<part {}>\n{}\n</part {}>\n",
+            i + 1,
+            part,
+            i + 1
+        ));
     }
     out
 }
@@ -124,10 +129,7 @@ pub fn render(items: &[&Item]) -> Vec<String> {
             names.insert(call.id.as_str(), call.name.as_str());
         }
     }
-    items
-        .iter()
-        .map(|item| render_item(item, &names))
-        .collect()
+    items.iter().map(|item| render_item(item, &names)).collect()
 }
 
 fn render_item(item: &Item, names: &HashMap<&str, &str>) -> String {
@@ -143,7 +145,10 @@ fn render_item(item: &Item, names: &HashMap<&str, &str>) -> String {
     let text = item.text.trim();
     if let Some(id) = &item.answers {
         let name = names.get(id.as_str()).copied().unwrap_or("tool");
-        out.push_str(&format!("[result of {name}] {}", capped(text, MAX_RESULT_CHARS)));
+        out.push_str(&format!(
+            "[result of {name}] {}",
+            capped(text, MAX_RESULT_CHARS)
+        ));
     } else if !item.piece_answers.is_empty() {
         // Several results in one item (Anthropic tool_result blocks).
         let mut at = 0;
@@ -241,7 +246,9 @@ mod tests {
         let user = Item::new(Role::User, "Fix DE-4471.");
         let out = render(&[&user, &call, &result]);
         assert_eq!(out[0], "user: Fix DE-4471.");
-        assert!(out[1].starts_with("assistant: Reading it.\n[assistant calls read_file({\"path\":\"src/main.rs\""));
+        assert!(out[1].starts_with(
+            "assistant: Reading it.\n[assistant calls read_file({\"path\":\"src/main.rs\""
+        ));
         assert!(out[1].contains("more chars]"));
         assert!(out[1].chars().count() < 300);
         assert!(out[2].starts_with("[result of read_file] yyy"));

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{checked, Summary, SummarizeError, SummaryRequest, Usage};
+use super::{checked, SummarizeError, Summary, SummaryRequest, Usage};
 
 /// The request body: the frame as `instructions`, the work as the input;
 /// nothing is stored on the provider's side.
@@ -84,7 +84,8 @@ mod tests {
         assert_eq!(summary.text, "Task: C");
         assert_eq!(summary.usage.prompt_tokens, Some(70));
         assert_eq!(summary.usage.completion_tokens, Some(9));
-        let refused = br#"{"output":[{"type":"message","content":[{"type":"refusal","refusal":"no"}]}]}"#;
+        let refused =
+            br#"{"output":[{"type":"message","content":[{"type":"refusal","refusal":"no"}]}]}"#;
         assert_eq!(read(refused), Err(SummarizeError::Refusal));
         assert_eq!(read(b"null"), Err(SummarizeError::Garbage));
         assert_eq!(read(br#"{"output":[]}"#), Err(SummarizeError::Empty));

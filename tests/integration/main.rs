@@ -31,4 +31,5 @@ mod sdk_formats;
 mod sdk_openai;
 mod stable_mode;
 mod stable_relevance;
+mod summaries;
 mod upstream_pool;
