@@ -288,7 +288,7 @@ impl Default for SummarizerConfig {
 pub struct StoreConfig {
     /// Summaries kept in this process, in bytes (0: the built-in 16 MiB).
     pub max_bytes: u64,
-    /// Shared with other replicas in Redis (not in this build: refused).
+    /// Shared with other replicas in Redis (`redis://host:port/db`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<String>,
 }

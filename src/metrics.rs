@@ -52,6 +52,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     summarizer_tokens: IntCounterVec,
     summarize_fallbacks: IntCounterVec,
+    summary_store_errors: IntCounterVec,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
     /// watches for connections that are never let go.
     tasks: IntGauge,
@@ -170,9 +171,10 @@ const UPSTREAM_BUCKETS: [f64; 15] = [
 
 /// The families of summaries, exported once a summarizing policy has
 /// run (beside [`FAMILIES`], which every proxy exports).
-pub const SUMMARY_FAMILIES: [&str; 2] = [
+pub const SUMMARY_FAMILIES: [&str; 3] = [
     "compaction_proxy_summarizer_tokens_total",
     "compaction_proxy_summarize_fallbacks_total",
+    "compaction_proxy_summary_store_errors_total",
 ];
 
 /// Values of the `result` label of `config_reloads_total`.
@@ -240,7 +242,13 @@ impl Metrics {
             "Requests of a summarizing policy compacted by the engine alone, by policy and why the summary could not be had.",
             &["policy", "reason"],
         );
+        let summary_store_errors = counter(
+            "summary_store_errors_total",
+            "Summary store commands to Redis that failed or timed out, by operation (connect, get, put); the store then serves from this process alone.",
+            &["operation"],
+        );
         Metrics {
+            summary_store_errors,
             summarizer_tokens,
             summarize_fallbacks,
             requests: counter(
@@ -396,6 +404,11 @@ impl Metrics {
                     .inc_by(tokens);
             }
         }
+    }
+
+    /// The counter the shared summary store counts its failures in.
+    pub fn summary_store_errors(&self) -> IntCounterVec {
+        self.summary_store_errors.clone()
     }
 
     /// Counts one request that fell back to the engine, by its reason

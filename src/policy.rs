@@ -399,11 +399,14 @@ impl Runtime {
                 }
             }
         }
-        if config.store.redis_url.is_some() {
-            problem(
-                "store.redis_url".into(),
-                "Redis is not supported by this build: leave it out (summaries are kept in this process)".into(),
-            );
+        if let Some(url) = &config.store.redis_url {
+            let scheme_ok = url.starts_with("redis://") || url.starts_with("unix://");
+            if !scheme_ok || redis::Client::open(url.as_str()).is_err() {
+                problem(
+                    "store.redis_url".into(),
+                    format!("{:?} is not a Redis URL such as redis://127.0.0.1:6379/0 (TLS, rediss://, is not supported)", crate::store::redacted_url(url)),
+                );
+            }
         }
         let mut policies = HashMap::new();
         for (name, p) in &config.policies {

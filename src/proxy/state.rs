@@ -27,7 +27,7 @@ pub struct AppState {
     /// `/v1/memory-compact` takes the same permits.
     pub(crate) compactions: Arc<tokio::sync::Semaphore>,
     /// Summaries by what they were made from ([`crate::store`]).
-    pub summary_store: Arc<crate::store::LocalStore>,
+    pub summary_store: Arc<dyn crate::store::Store>,
     /// The connection pool of summarizer calls.
     pub summarizer_client: crate::summarizer::client::HttpClient,
     /// Keys of summaries being written in the background.
@@ -59,15 +59,29 @@ impl AppState {
             0 => 16 * 1024 * 1024,
             n => n,
         };
+        let metrics = Metrics::new();
+        let local = crate::store::LocalStore::new(store_bytes);
+        let summary_store: Arc<dyn crate::store::Store> = match &runtime.config.store.redis_url {
+            // The URL was checked with the configuration.
+            Some(url) => match crate::store::redis::RedisStore::new(
+                url,
+                crate::store::LocalStore::new(store_bytes),
+                metrics.summary_store_errors(),
+            ) {
+                Ok(shared) => Arc::new(shared),
+                Err(_) => Arc::new(local),
+            },
+            None => Arc::new(local),
+        };
         Arc::new(AppState {
-            summary_store: Arc::new(crate::store::LocalStore::new(store_bytes)),
+            summary_store,
             summarizer_client: crate::summarizer::client::HttpClient::new(),
             summaries_in_flight: Default::default(),
             summary_choices: moka::sync::Cache::new(100_000),
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
             runtime: RwLock::new(Arc::new(runtime)),
-            metrics: Metrics::new(),
+            metrics,
             reports: crate::explain::ReportStore::default(),
             upstream,
             compactions: Arc::new(tokio::sync::Semaphore::new(
@@ -106,6 +120,7 @@ impl AppState {
     pub fn admin_handles(&self) -> admin::Handles<'_> {
         admin::Handles {
             ready: self.is_ready(),
+            store_degraded: self.summary_store.degraded(),
             metrics: &self.metrics,
             reports: &self.reports,
             compactions: &self.compactions,

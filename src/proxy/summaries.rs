@@ -35,7 +35,7 @@ use crate::config::{Mode, SummaryTiming};
 use crate::format::Parsed;
 use crate::outcome::{Outcome, Status, SummaryReport};
 use crate::policy::{Resolution, Runtime, SummaryPolicy};
-use crate::store::{Key, Store, StoredSummary};
+use crate::store::{Key, StoredSummary};
 use crate::summarizer::client::{CallerKey, HttpSummarizer};
 use crate::summarizer::mapreduce::{self, Limits};
 use crate::summarizer::{prompt, Summarize, SummarizeError};

@@ -4,8 +4,11 @@
 //!
 //! One small trait, [`Store`], so the proxy reads and writes without
 //! knowing where entries live; [`LocalStore`] is the embedded default
-//! (moka, in this process). A store never fails a request: what it cannot
-//! answer is a miss.
+//! (moka, in this process), [`redis::RedisStore`] puts Redis behind it
+//! when `[store] redis_url` is set, shared by every replica. A store never
+//! fails a request: what it cannot answer is a miss.
+
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,6 +17,16 @@ use moka::sync::Cache;
 use serde::{Deserialize, Serialize};
 
 use crate::summarizer::Usage;
+
+/// A Redis URL without its password, for messages.
+pub fn redacted_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
 
 /// A key: the 128-bit hash of what an entry was made from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,6 +73,11 @@ pub trait Store: Send + Sync {
     fn put_if_absent(&self, key: Key, value: StoredSummary) -> StoreFuture<'_, StoredSummary>;
     /// Whether `key` is held in this process (no round trip).
     fn get_local(&self, key: Key) -> Option<StoredSummary>;
+    /// Whether the store serves from this process alone for now because
+    /// what is behind it fails (a readiness note, not a failure).
+    fn degraded(&self) -> bool {
+        false
+    }
 }
 
 /// The embedded store: a size-bounded moka cache.
