@@ -32,4 +32,5 @@ mod sdk_openai;
 mod stable_mode;
 mod stable_relevance;
 mod summaries;
+mod summary_redis;
 mod upstream_pool;
