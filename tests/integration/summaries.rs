@@ -682,3 +682,54 @@ async fn a_conversation_within_its_budget_calls_no_summarizer() {
     assert_eq!(summarizer.calls(), 0);
     assert_eq!(upstream.last().body, Bytes::from(body));
 }
+
+/// Every problem of a configuration, as check-config prints them.
+fn problems(toml: &str) -> Vec<String> {
+    match compaction_proxy::policy::Runtime::load_text(
+        Some(toml),
+        Vec::new(),
+        &compaction_proxy::config::Overrides::default(),
+    ) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors
+            .0
+            .into_iter()
+            .map(|p| format!("{}: {}", p.path, p.message))
+            .collect(),
+    }
+}
+
+#[test]
+fn check_config_refuses_a_policy_naming_an_undefined_summarizer() {
+    let found =
+        problems("[policies.default]\nstrategy = \"summarize\"\nsummarizer = \"nowhere\"\n");
+    assert!(
+        found
+            .iter()
+            .any(|p| p.starts_with("policies.default.summarizer: no [summarizers.nowhere]")),
+        "{found:?}"
+    );
+    let missing = problems("[policies.default]\nstrategy = \"summarize\"\n");
+    assert!(
+        missing
+            .iter()
+            .any(|p| p.starts_with("policies.default.summarizer: is required")),
+        "{missing:?}"
+    );
+    let bad = problems(
+        "[summarizers.s]\nformat = \"chat\"\ncredentials = \"token\"\nwindow_tokens = 100\ntimeout_secs = 0\n[store]\nredis_url = \"http://x\"\n",
+    );
+    for key in [
+        "summarizers.s.model",
+        "summarizers.s.credentials",
+        "summarizers.s.window_tokens",
+        "summarizers.s.timeout_secs",
+        "store.redis_url",
+    ] {
+        assert!(bad.iter().any(|p| p.starts_with(key)), "{key}: {bad:?}");
+    }
+    let fine = problems(
+        "[summarizers.s]\nmodel = \"m\"\ncredentials = \"env:KEY\"\n[policies.default]\nstrategy = \"summarize\"\nsummarizer = \"s\"\n",
+    );
+    assert!(fine.is_empty(), "{fine:?}");
+}
