@@ -231,6 +231,8 @@ pub struct Runtime {
     pub upstream_roots: Vec<CertificateDer<'static>>,
     pub timeouts: Timeouts,
     routes: Vec<Route>,
+    /// The `[summarizers.<name>]` sections, compiled.
+    summarizers: HashMap<String, Arc<crate::summarizer::Settings>>,
     tenant_header: HeaderName,
     tenants: HashMap<Arc<str>, Arc<CompiledPolicy>>,
 }
@@ -483,11 +485,17 @@ impl Runtime {
                 upstream_roots,
                 timeouts,
                 routes,
+                summarizers,
                 tenant_header,
                 tenants,
             }),
             _ => Err(ConfigErrors(problems)),
         }
+    }
+
+    /// The summarizer named `name`, if a section defines it.
+    pub fn summarizer(&self, name: &str) -> Option<Arc<crate::summarizer::Settings>> {
+        self.summarizers.get(name).cloned()
     }
 
     /// The policy for a request: the first matching route's, overridden by a

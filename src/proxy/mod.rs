@@ -37,6 +37,7 @@
 pub mod admin;
 pub mod body;
 pub mod compact;
+pub mod context_compact;
 pub mod headers;
 pub mod server;
 pub mod state;
@@ -80,6 +81,9 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     } else {
         request
     };
+    if request.uri().path() == context_compact::PATH && request.method() == Method::POST {
+        return Box::pin(context_compact::handle(&state, request)).await;
+    }
     let runtime = state.runtime();
     let mut record = Recorder::new(
         state.clone(),

@@ -170,7 +170,7 @@ fn fallback(
 
 /// Where a forwarded summary came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
+pub(super) enum Source {
     Model,
     Store,
 }
@@ -376,7 +376,7 @@ impl Job {
 
 /// The key of a summary of each leading part of `entries`: the summarizer
 /// (name, format, model, endpoint), the prompt settings, then the entries.
-fn prefix_keys(policy: &SummaryPolicy, entries: &[String]) -> Vec<Key> {
+pub(super) fn prefix_keys(policy: &SummaryPolicy, entries: &[String]) -> Vec<Key> {
     let s = &policy.summarizer;
     let p = &policy.prompt;
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();

@@ -7,6 +7,7 @@ mod agent_fixture;
 mod agent_properties;
 mod binary;
 mod chart_files;
+mod context_compact;
 mod engine_properties;
 mod engine_vectors;
 mod fact_chats;
