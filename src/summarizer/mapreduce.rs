@@ -199,7 +199,7 @@ async fn run_all(
         let (i, answer) = joined.map_err(|_| SummarizeError::Transport("task failed".into()))?;
         let summary = answer?;
         written.calls += 1;
-        written.usage = written.usage.add(summary.usage);
+        written.usage = written.usage.plus(summary.usage);
         out[i] = Some(summary.text);
     }
     Ok(out.into_iter().map(Option::unwrap_or_default).collect())

@@ -114,7 +114,7 @@ pub struct Usage {
 impl Usage {
     /// Sums two calls' usage; a side that reported nothing adds nothing,
     /// and the sum is `None` only when neither reported.
-    pub fn add(self, other: Usage) -> Usage {
+    pub fn plus(self, other: Usage) -> Usage {
         let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
@@ -264,13 +264,13 @@ mod tests {
             completion_tokens: Some(3),
         };
         assert_eq!(
-            a.add(b),
+            a.plus(b),
             Usage {
                 prompt_tokens: Some(15),
                 completion_tokens: Some(3)
             }
         );
-        assert_eq!(Usage::default().add(Usage::default()), Usage::default());
+        assert_eq!(Usage::default().plus(Usage::default()), Usage::default());
     }
 
     #[test]
