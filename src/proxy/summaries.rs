@@ -100,7 +100,9 @@ pub(super) async fn apply(
         },
         SummaryTiming::Background => {
             let found = job.ready(state, stable, rebased).await;
-            if !matches!(&found, Some((_, Source::Store, true))) {
+            let own_ready = matches!(&found, Some((_, _, true)))
+                || state.summary_store.get_local(job.key()).is_some();
+            if !own_ready {
                 job.clone().spawn(state.clone(), resolution.clone(), caller);
             }
             found.map(|(s, source, _)| (s, source))
@@ -254,8 +256,8 @@ impl Job {
         if let Some(found) = state.summary_store.get(self.key()).await {
             return Ok((found, Source::Store));
         }
-        let written = self.write(state, caller.clone()).await?;
-        Ok((written, Source::Model))
+        let (written, fresh) = self.write(state, caller.clone()).await?;
+        Ok((written, if fresh { Source::Model } else { Source::Store }))
     }
 
     /// Background timing: the summary to forward now, if one is ready,
@@ -301,12 +303,16 @@ impl Job {
 
     /// Writes this job's summary with the model (extending the newest
     /// summary of a leading part, when one is held), keeps it in the store
-    /// and returns what the store holds.
+    /// and returns what the store holds, and whether the model wrote it
+    /// (a summary the store has by now is not written again).
     async fn write(
         &self,
         state: &AppState,
         caller: CallerKey,
-    ) -> Result<StoredSummary, SummarizeError> {
+    ) -> Result<(StoredSummary, bool), SummarizeError> {
+        if let Some(found) = state.summary_store.get(self.key()).await {
+            return Ok((found, false));
+        }
         let settings = self.policy.summarizer.clone();
         let summarizer: Arc<dyn Summarize> = Arc::new(HttpSummarizer {
             client: state.summarizer_client.clone(),
@@ -340,7 +346,10 @@ impl Job {
             passes: written.passes,
             usage: written.usage,
         };
-        Ok(state.summary_store.put_if_absent(self.key(), stored).await)
+        Ok((
+            state.summary_store.put_if_absent(self.key(), stored).await,
+            true,
+        ))
     }
 
     /// Writes the summary off the request path, once per key at a time.
@@ -363,11 +372,12 @@ impl Job {
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&key.0);
             match result {
-                Ok(stored) => state.metrics.summarizer_tokens(
+                Ok((stored, true)) => state.metrics.summarizer_tokens(
                     &resolution.policy.name,
                     &self.policy.summarizer.name,
                     stored.usage,
                 ),
+                Ok((_, false)) => {}
                 Err(e) => fallback(&state, &resolution, &self.policy, &e),
             }
         });

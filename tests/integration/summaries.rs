@@ -733,3 +733,42 @@ fn check_config_refuses_a_policy_naming_an_undefined_summarizer() {
     );
     assert!(fine.is_empty(), "{fine:?}");
 }
+
+#[tokio::test]
+async fn background_stable_mode_writes_about_one_summary_per_re_compaction() {
+    let (summarizer, upstream, proxy) = setup(
+        "chat",
+        Mode::Canned,
+        "mode = \"stable\"\nsummary_timing = \"background\"",
+    )
+    .await;
+    let all = turns(60);
+    let (mut rebased_turns, mut summarized) = (0, 0);
+    let mut previous: Option<Vec<Value>> = None;
+    for n in (21..=61).step_by(2) {
+        let (path, body) = request("chat", &all[..n]);
+        let answer = send(post(&proxy.url(path), &body, "k")).await;
+        let rebased = answer.header("x-compaction-rebased") == Some("true");
+        rebased_turns += usize::from(rebased);
+        summarized += usize::from(answer.header("x-compaction-summary-id").is_some());
+        let messages = upstream.last().json()["messages"]
+            .as_array()
+            .unwrap()
+            .clone();
+        if let (Some(prev), false) = (&previous, rebased) {
+            // A summary is taken up only at a re-compaction.
+            assert_eq!(messages[..prev.len()], prev[..], "turn of {n} messages");
+        }
+        previous = Some(messages);
+        // Let the background summary land before the next turn.
+        let calls = summarizer.calls();
+        wait_until(Duration::from_secs(5), || summarizer.answered() == calls).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(summarized > 0, "later re-compactions use the summaries");
+    assert!(
+        summarizer.calls() <= rebased_turns + 1,
+        "{} calls for {rebased_turns} re-compactions",
+        summarizer.calls()
+    );
+}
