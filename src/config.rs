@@ -24,7 +24,7 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment overrides; `__` separates the key path.
 pub const ENV_PREFIX: &str = "COMPACTION_PROXY_";
 /// The top-level tables of a configuration.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 10] = [
     "server",
     "upstream",
     "cache",
@@ -33,6 +33,8 @@ const SECTIONS: [&str; 8] = [
     "tenants",
     "inspector",
     "prices",
+    "summarizers",
+    "store",
 ];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -48,6 +50,12 @@ pub struct Config {
     /// Prices per million tokens by model-name prefix (`[prices."gpt-4o"]`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub prices: BTreeMap<String, PriceConfig>,
+    /// Models that write summaries (`strategy = "summarize"`), by name.
+    #[serde(default)]
+    pub summarizers: BTreeMap<String, SummarizerConfig>,
+    /// Where summaries are kept beside the process's own memory.
+    #[serde(default)]
+    pub store: StoreConfig,
 }
 
 /// One `[prices."<model prefix>"]` table: prices per million tokens.
@@ -228,6 +236,91 @@ pub enum Scoring {
     Relevance,
 }
 
+/// What a policy does with the messages a compaction removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// They are gone from the model's view (the deterministic engine).
+    #[default]
+    Drop,
+    /// One summary message, written by the policy's `summarizer`, takes
+    /// their place ([`crate::summarizer`]).
+    Summarize,
+}
+
+/// When a summary is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SummaryTiming {
+    /// While the request waits (bounded by the summarizer's `timeout_secs`).
+    #[default]
+    Inline,
+    /// Off the request path: the turn that needs one is compacted by the
+    /// engine alone, a later one uses the summary once it is ready.
+    Background,
+}
+
+/// The role of a chat completions summary message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SummaryRole {
+    #[default]
+    User,
+    System,
+}
+
+/// One `[summarizers.<name>]` section: a model the proxy asks for summaries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SummarizerConfig {
+    /// Base URL; left out: the upstream's. The format's path is appended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    pub format: crate::format::Format,
+    pub model: String,
+    /// `"caller"`: the request's own key goes to the summarizer;
+    /// `"env:NAME"`: the key in environment variable NAME.
+    pub credentials: String,
+    /// A total deadline for one summary (all its calls).
+    pub timeout_secs: f64,
+    /// The summarizer's input window, in tokens: a larger prefix is split.
+    pub window_tokens: usize,
+    /// Chunk summaries written at once.
+    pub max_concurrency: usize,
+    pub max_chunks: usize,
+    pub max_passes: usize,
+    /// The most tokens one summarizer answer may take.
+    pub max_output_tokens: usize,
+}
+
+impl Default for SummarizerConfig {
+    fn default() -> Self {
+        SummarizerConfig {
+            url: None,
+            format: crate::format::Format::Chat,
+            model: String::new(),
+            credentials: "caller".into(),
+            timeout_secs: 30.0,
+            window_tokens: 32_000,
+            max_concurrency: 4,
+            max_chunks: 16,
+            max_passes: 3,
+            max_output_tokens: 2048,
+        }
+    }
+}
+
+/// `[store]`: where summaries are kept.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StoreConfig {
+    /// Summaries kept in this process, in bytes (0: the built-in 16 MiB).
+    pub max_bytes: u64,
+    /// Shared with other replicas in Redis (`redis://host:port/db`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<String>,
+}
+
 /// One named policy. Every key left out takes the value of
 /// [`PolicyConfig::default`], whatever the policy's name: the proxy's
 /// defaults, which differ from the engine's spec defaults (those stay with
@@ -336,6 +429,27 @@ pub struct PolicyConfig {
     /// before the built-in table.
     #[serde(default)]
     pub context_windows: BTreeMap<String, usize>,
+    /// `"summarize"`: what a compaction removes becomes one summary message.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// The `[summarizers.<name>]` that writes this policy's summaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summarizer: Option<String>,
+    #[serde(default)]
+    pub summary_timing: SummaryTiming,
+    /// Chat completions: the summary's role.
+    #[serde(default)]
+    pub summary_role: SummaryRole,
+    /// Guidance for the summarizer, placed inside the prompt's frame.
+    #[serde(default)]
+    pub summary_instructions: String,
+    /// The summary's desired size in tokens, as word-count guidance; 0: concise.
+    #[serde(default)]
+    pub summary_target_tokens: usize,
+    /// Replaces the prompt's frame; `{instructions}` and `{size}` mark
+    /// where those go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_prompt: Option<String>,
 }
 
 fn default_reserve_tokens() -> usize {
@@ -409,6 +523,13 @@ impl Default for PolicyConfig {
             budget: BudgetMode::Fixed,
             reserve_tokens: default_reserve_tokens(),
             context_windows: BTreeMap::new(),
+            strategy: Strategy::Drop,
+            summarizer: None,
+            summary_timing: SummaryTiming::Inline,
+            summary_role: SummaryRole::User,
+            summary_instructions: String::new(),
+            summary_target_tokens: 0,
+            summary_prompt: None,
         }
     }
 }
@@ -783,6 +904,22 @@ pub fn read_value(merged: &Value) -> (Config, Vec<ConfigProblem>) {
     }
     if let Some(v) = root.get("inspector") {
         config.inspector = section(v, "inspector", &mut problems);
+    }
+    if let Some(v) = root.get("store") {
+        config.store = section(v, "store", &mut problems);
+    }
+    match root.get("summarizers") {
+        None => {}
+        Some(Value::Object(named)) => {
+            for (name, v) in named {
+                let summarizer = section(v, &format!("summarizers.{name}"), &mut problems);
+                config.summarizers.insert(name.clone(), summarizer);
+            }
+        }
+        Some(_) => problems.push(ConfigProblem {
+            path: "summarizers".into(),
+            message: "must be a table of named summarizers".into(),
+        }),
     }
     match root.get("policies") {
         None => {}

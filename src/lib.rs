@@ -17,6 +17,9 @@
 //!   pass, priced, and the estimate of what the original would have cost.
 //! - [`metrics`]: what operators watch ([`proxy::admin`] serves it).
 //! - [`error`]: the proxy's own failures as HTTP answers.
+//! - [`summarizer`]: the model client that writes summaries (one file
+//!   per wire format), and map-reduce over large transcripts.
+//! - [`store`]: summaries keyed by what they were made from.
 //! - [`cli`]: the commands of the binary.
 
 pub mod cache;
@@ -35,4 +38,6 @@ pub mod metrics;
 pub mod outcome;
 pub mod policy;
 pub mod proxy;
+pub mod store;
+pub mod summarizer;
 pub mod usage;

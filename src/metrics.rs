@@ -100,6 +100,9 @@ pub struct Metrics {
     billed_cost: CounterVec,
     estimated_saved_cost: CounterVec,
     estimated_extra_cost: CounterVec,
+    summarizer_tokens: IntCounterVec,
+    summarize_fallbacks: IntCounterVec,
+    summary_store_errors: IntCounterVec,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
     /// watches for connections that are never let go.
     tasks: IntGauge,
@@ -290,6 +293,14 @@ const UPSTREAM_BUCKETS: [f64; 15] = [
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
+/// The families of summaries, exported once a summarizing policy has
+/// run (beside [`FAMILIES`], which every proxy exports).
+pub const SUMMARY_FAMILIES: [&str; 3] = [
+    "compaction_proxy_summarizer_tokens_total",
+    "compaction_proxy_summarize_fallbacks_total",
+    "compaction_proxy_summary_store_errors_total",
+];
+
 /// Values of the `result` label of `config_reloads_total`.
 pub const RELOAD_APPLIED: &str = "applied";
 pub const RELOAD_REFUSED: &str = "refused";
@@ -359,6 +370,21 @@ impl Metrics {
         registry
             .register(Box::new(tasks.clone()))
             .expect("unique metric");
+        let summarizer_tokens = counter(
+            "summarizer_tokens_total",
+            "Tokens the summarizers' providers reported, by policy, summarizer and kind (prompt or completion).",
+            &["policy", "summarizer", "kind"],
+        );
+        let summarize_fallbacks = counter(
+            "summarize_fallbacks_total",
+            "Requests of a summarizing policy compacted by the engine alone, by policy and why the summary could not be had.",
+            &["policy", "reason"],
+        );
+        let summary_store_errors = counter(
+            "summary_store_errors_total",
+            "Summary store commands to Redis that failed or timed out, by operation (connect, get, put); the store then serves from this process alone.",
+            &["operation"],
+        );
         let float_counter = |name: &str, help: &str| {
             let c = CounterVec::new(
                 Opts::new(format!("compaction_proxy_{name}"), help),
@@ -371,6 +397,9 @@ impl Metrics {
             c
         };
         Metrics {
+            summary_store_errors,
+            summarizer_tokens,
+            summarize_fallbacks,
             billed_input_tokens: counter(
                 "billed_input_tokens_total",
                 "Input tokens the provider reported, by kind: uncached, cache_read, cache_write.",
@@ -539,6 +568,38 @@ impl Metrics {
         String::from_utf8(out).expect("exposition is UTF-8")
     }
 
+    /// Counts what one summary cost at its provider.
+    pub fn summarizer_tokens(
+        &self,
+        policy: &str,
+        summarizer: &str,
+        usage: crate::summarizer::Usage,
+    ) {
+        for (kind, tokens) in [
+            ("prompt", usage.prompt_tokens),
+            ("completion", usage.completion_tokens),
+        ] {
+            if let Some(tokens) = tokens {
+                self.summarizer_tokens
+                    .with_label_values(&[policy, summarizer, kind])
+                    .inc_by(tokens);
+            }
+        }
+    }
+
+    /// The counter the shared summary store counts its failures in.
+    pub fn summary_store_errors(&self) -> IntCounterVec {
+        self.summary_store_errors.clone()
+    }
+
+    /// Counts one request that fell back to the engine, by its reason
+    /// (a [`crate::summarizer::SummarizeError::reason`]: bounded).
+    pub fn summarize_fallback(&self, policy: &str, reason: &'static str) {
+        self.summarize_fallbacks
+            .with_label_values(&[policy, reason])
+            .inc();
+    }
+
     /// Counts one configuration reload by its result
     /// ([`RELOAD_APPLIED`] or [`RELOAD_REFUSED`]).
     pub fn config_reload(&self, result: &'static str) {
@@ -608,6 +669,8 @@ pub struct RequestEvent {
     /// What the provider billed, priced, and the estimate (when the
     /// response reported its usage).
     pub bill: Option<crate::usage::Bill>,
+    /// `strategy = "summarize"`: the summary this request forwarded.
+    pub summary: Option<crate::outcome::SummaryReport>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -670,6 +733,7 @@ impl RequestEvent {
             upstream_failure: None,
             request_id: None,
             bill: None,
+            summary: None,
         }
     }
 
@@ -753,7 +817,7 @@ impl RequestEvent {
             }
             // Only requests whose messages were cut: an unchanged request's
             // 1.0 would pull every percentile to 1 and hide the loss.
-            if self.status == Some(Status::Compacted) {
+            if self.status.is_some_and(Status::is_compacted) {
                 series
                     .retained_ratio
                     .get_or_init(|| {
@@ -947,6 +1011,12 @@ impl RequestEvent {
                     estimated_extra_cost = estimate.map(|e| e.extra),
                     ending = self.ending.label(),
                     error = self.ending.detail(),
+                    summary_id = self.summary.as_ref().map(|s| s.id.as_str()),
+                    summary_chunks = self.summary.as_ref().map(|s| s.chunks),
+                    summary_passes = self.summary.as_ref().map(|s| s.passes),
+                    summarizer_prompt_tokens = self.summary.as_ref().and_then(|s| s.prompt_tokens),
+                    summarizer_completion_tokens =
+                        self.summary.as_ref().and_then(|s| s.completion_tokens),
                     "request"
                 )
             };

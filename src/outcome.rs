@@ -23,6 +23,9 @@ pub struct Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Compacted,
+    /// Compacted by the engine because the policy's summary could not be
+    /// had (`compacted; summarize-fallback`).
+    SummarizeFallback,
     /// Forwarded as received: it fit the budget (or stayed below every trigger).
     Unchanged,
     Skipped(&'static str),
@@ -37,7 +40,7 @@ impl Status {
     /// The metric label (no skip reason, to keep it bounded).
     pub fn label(self) -> &'static str {
         match self {
-            Status::Compacted => "compacted",
+            Status::Compacted | Status::SummarizeFallback => "compacted",
             Status::Unchanged => "unchanged",
             Status::Skipped(_) => "skipped",
             Status::Bypassed => "bypassed",
@@ -54,7 +57,7 @@ impl Status {
     /// Position in a per-status array of series.
     pub(crate) fn index(self) -> usize {
         match self {
-            Status::Compacted => 0,
+            Status::Compacted | Status::SummarizeFallback => 0,
             Status::Unchanged => 1,
             Status::Skipped(_) => 2,
             Status::Bypassed => 3,
@@ -69,9 +72,35 @@ impl std::fmt::Display for Status {
         match self {
             Status::Skipped(reason) => write!(f, "skipped; {reason}"),
             Status::Refused(reason) => write!(f, "refused; {reason}"),
+            Status::SummarizeFallback => f.write_str("compacted; summarize-fallback"),
             other => f.write_str(other.label()),
         }
     }
+}
+
+impl Status {
+    /// Whether the rewritten body is forwarded.
+    pub fn is_compacted(self) -> bool {
+        matches!(self, Status::Compacted | Status::SummarizeFallback)
+    }
+}
+
+/// What a request's summary was and cost, for the report, the headers
+/// and the log line.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SummaryReport {
+    pub id: String,
+    /// Chunks of its map pass and rounds of calls (as it was made).
+    pub chunks: usize,
+    pub passes: usize,
+    /// Summarizer tokens spent for this request (0 when it came from the
+    /// store; `None`: the provider reported none).
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// `"model"`: written for this request; `"store"`: reused.
+    pub source: &'static str,
+    /// Messages it replaced.
+    pub replaced: usize,
 }
 
 /// The loss figures reported in headers and metrics.

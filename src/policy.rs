@@ -86,6 +86,17 @@ pub struct CompiledPolicy {
     /// `budget = "auto"`: each request's token budget comes from its
     /// model's context window.
     pub auto_budget: Option<AutoBudget>,
+    /// `strategy = "summarize"`: how this policy's summaries are written.
+    pub summary: Option<Arc<SummaryPolicy>>,
+}
+
+/// A policy's summaries: its summarizer, timing and prompt.
+#[derive(Debug, Clone)]
+pub struct SummaryPolicy {
+    pub summarizer: Arc<crate::summarizer::Settings>,
+    pub timing: config::SummaryTiming,
+    pub role: config::SummaryRole,
+    pub prompt: crate::summarizer::prompt::PromptSettings,
 }
 
 /// The most chars of a goal header that join the relevance query: a goal
@@ -120,6 +131,7 @@ impl CompiledPolicy {
             tokenizer_fallback: Encoding::O200kBase,
             analyses: Arc::new(AnalysisStore::new(0)),
             auto_budget: None,
+            summary: None,
         }
     }
 
@@ -159,6 +171,7 @@ impl CompiledPolicy {
             tokenizer_fallback: self.tokenizer_fallback,
             analyses: self.analyses.clone(),
             auto_budget: self.auto_budget.clone(),
+            summary: self.summary.clone(),
         }
     }
 }
@@ -226,6 +239,8 @@ pub struct Runtime {
     pub upstream_roots: Vec<CertificateDer<'static>>,
     pub timeouts: Timeouts,
     routes: Vec<Route>,
+    /// The `[summarizers.<name>]` sections, compiled.
+    summarizers: HashMap<String, Arc<crate::summarizer::Settings>>,
     tenant_header: HeaderName,
     tenants: HashMap<Arc<str>, Arc<CompiledPolicy>>,
     /// `[inspector]`, its token read.
@@ -392,10 +407,40 @@ impl Runtime {
             AnalysisStore::new(config.cache.relevance_max_bytes)
                 .with_word_lists(config.cache.word_lists_max_bytes),
         );
+        let mut summarizers = HashMap::new();
+        for (name, s) in &config.summarizers {
+            match compile_summarizer(name, s, upstream.as_ref().ok()) {
+                Ok(settings) => {
+                    summarizers.insert(name.clone(), Arc::new(settings));
+                }
+                Err(list) => {
+                    for (key, message) in list {
+                        problem(format!("summarizers.{name}.{key}"), message);
+                    }
+                }
+            }
+        }
+        if let Some(url) = &config.store.redis_url {
+            let scheme_ok = url.starts_with("redis://") || url.starts_with("unix://");
+            if !scheme_ok || redis::Client::open(url.as_str()).is_err() {
+                problem(
+                    "store.redis_url".into(),
+                    format!("{:?} is not a Redis URL such as redis://127.0.0.1:6379/0 (TLS, rediss://, is not supported)", crate::store::redacted_url(url)),
+                );
+            }
+        }
         let mut policies = HashMap::new();
         for (name, p) in &config.policies {
+            let summary = match summary_policy(p, &summarizers, &config.summarizers) {
+                Ok(summary) => summary,
+                Err((key, message)) => {
+                    problem(format!("policies.{name}.{key}"), message);
+                    None
+                }
+            };
             match compile_policy(name, p, &analyses) {
-                Ok(c) => {
+                Ok(mut c) => {
+                    c.summary = summary;
                     policies.insert(name.clone(), Arc::new(c));
                 }
                 Err(list) => {
@@ -471,6 +516,7 @@ impl Runtime {
                     upstream_roots,
                     timeouts,
                     routes,
+                    summarizers,
                     tenant_header,
                     tenants,
                     inspector,
@@ -478,6 +524,11 @@ impl Runtime {
             }
             _ => Err(ConfigErrors(problems)),
         }
+    }
+
+    /// The summarizer named `name`, if a section defines it.
+    pub fn summarizer(&self, name: &str) -> Option<Arc<crate::summarizer::Settings>> {
+        self.summarizers.get(name).cloned()
     }
 
     /// The policy for a request: the first matching route's, overridden by a
@@ -592,6 +643,127 @@ fn parse_upstream(url: &str) -> Result<Uri, String> {
         return Err("has no host".to_owned());
     }
     Ok(uri)
+}
+
+/// Checks and compiles one `[summarizers.<name>]` section; its URL left
+/// out is the upstream's.
+fn compile_summarizer(
+    name: &str,
+    s: &config::SummarizerConfig,
+    upstream: Option<&Uri>,
+) -> Result<crate::summarizer::Settings, Vec<(String, String)>> {
+    let mut problems = Vec::new();
+    let base = match &s.url {
+        Some(url) => match parse_upstream(url) {
+            Ok(uri) => Some(uri),
+            Err(m) => {
+                problems.push(("url".into(), m));
+                None
+            }
+        },
+        None => upstream.cloned(),
+    };
+    if s.model.trim().is_empty() {
+        problems.push((
+            "model".into(),
+            "is required: the model that writes summaries".into(),
+        ));
+    }
+    let credentials = crate::summarizer::Credentials::parse(&s.credentials)
+        .map_err(|m| problems.push(("credentials".into(), m)))
+        .ok();
+    let timeout = match Duration::try_from_secs_f64(s.timeout_secs) {
+        Ok(d) if s.timeout_secs.is_finite() && s.timeout_secs > 0.0 => Some(d),
+        _ => {
+            problems.push((
+                "timeout_secs".into(),
+                "must be a positive number of seconds".into(),
+            ));
+            None
+        }
+    };
+    for (key, value) in [
+        ("max_concurrency", s.max_concurrency),
+        ("max_chunks", s.max_chunks),
+        ("max_passes", s.max_passes),
+        ("max_output_tokens", s.max_output_tokens),
+    ] {
+        if value == 0 {
+            problems.push((key.into(), "must be at least 1".into()));
+        }
+    }
+    if s.window_tokens < s.max_output_tokens.saturating_mul(2).max(1024) {
+        problems.push((
+            "window_tokens".into(),
+            "must be at least 1024 and twice max_output_tokens: the input needs room beside the answer"
+                .into(),
+        ));
+    }
+    match (base, credentials, timeout) {
+        (Some(base), Some(credentials), Some(timeout)) if problems.is_empty() => {
+            Ok(crate::summarizer::Settings {
+                name: name.into(),
+                endpoint: crate::summarizer::Settings::endpoint_for(&base, s.format),
+                format: s.format,
+                model: s.model.clone(),
+                credentials,
+                timeout,
+                window_tokens: s.window_tokens,
+                max_concurrency: s.max_concurrency,
+                max_chunks: s.max_chunks,
+                max_passes: s.max_passes,
+                max_output_tokens: s.max_output_tokens,
+            })
+        }
+        _ => Err(problems),
+    }
+}
+
+/// A policy's summaries, when its strategy is `"summarize"`: its
+/// `summarizer` must name a section (one that compiled, or its problems
+/// are reported there already).
+fn summary_policy(
+    p: &PolicyConfig,
+    compiled: &HashMap<String, Arc<crate::summarizer::Settings>>,
+    defined: &std::collections::BTreeMap<String, config::SummarizerConfig>,
+) -> Result<Option<Arc<SummaryPolicy>>, (String, String)> {
+    if let Some(name) = &p.summarizer {
+        if !defined.contains_key(name) {
+            return Err((
+                "summarizer".into(),
+                format!("no [summarizers.{name}] section defines {name:?}"),
+            ));
+        }
+    }
+    if p.strategy != config::Strategy::Summarize {
+        return Ok(None);
+    }
+    let Some(name) = &p.summarizer else {
+        return Err((
+            "summarizer".into(),
+            "is required with strategy = \"summarize\": the name of a [summarizers.<name>] section"
+                .into(),
+        ));
+    };
+    if p.summary_instructions.chars().count() > 2000 {
+        return Err((
+            "summary_instructions".into(),
+            "must be at most 2000 chars".into(),
+        ));
+    }
+    let Some(summarizer) = compiled.get(name) else {
+        return Ok(None); // its own problems are reported
+    };
+    Ok(Some(Arc::new(SummaryPolicy {
+        summarizer: summarizer.clone(),
+        timing: p.summary_timing,
+        role: p.summary_role,
+        prompt: crate::summarizer::prompt::PromptSettings {
+            frame: p.summary_prompt.clone(),
+            instructions: p.summary_instructions.clone(),
+            target_tokens: p.summary_target_tokens,
+        },
+    })))
 }
 
 fn compile_policy(
@@ -756,6 +928,7 @@ fn compile_policy(
                     .collect(),
                 reserve_tokens: p.reserve_tokens,
             }),
+            summary: None,
         }),
         _ => Err(problems),
     }

@@ -210,27 +210,7 @@ pub fn bill(
             .iter()
             .map(|m| m.to_string())
             .collect();
-        let chars = |m: &String| -> f64 {
-            let v: Value = serde_json::from_str(m).unwrap();
-            let text = v["content"].as_str().unwrap_or_default().chars().count();
-            let calls = v["tool_calls"].as_array().map_or(0, |c| {
-                c.iter()
-                    .map(|c| {
-                        c["function"]["name"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .chars()
-                            .count()
-                            + c["function"]["arguments"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .chars()
-                                .count()
-                    })
-                    .sum()
-            });
-            (text + calls) as f64
-        };
+        let chars = |m: &String| message_chars(&serde_json::from_str(m).unwrap());
         let common = previous
             .iter()
             .zip(&messages)
@@ -259,6 +239,43 @@ pub fn bill(
         bill.fill /= bill.outgrown_turns as f64;
     }
     bill
+}
+
+/// The chars of one chat message a provider bills: its text, tool-call
+/// names and arguments.
+pub fn message_chars(v: &Value) -> f64 {
+    let text = v["content"].as_str().unwrap_or_default().chars().count();
+    let calls = v["tool_calls"].as_array().map_or(0, |c| {
+        c.iter()
+            .map(|c| {
+                let f = &c["function"];
+                f["name"].as_str().unwrap_or_default().chars().count()
+                    + f["arguments"].as_str().unwrap_or_default().chars().count()
+            })
+            .sum()
+    });
+    (text + calls) as f64
+}
+
+/// What forwarded chat bodies, sent in order, are billed: the messages
+/// repeating the previous body's leading ones at 10%, the rest whole.
+pub fn billed_of(forwarded: &[Vec<u8>]) -> f64 {
+    let mut billed = 0.0;
+    let mut previous: Vec<Value> = Vec::new();
+    for body in forwarded {
+        let value: Value = serde_json::from_slice(body).unwrap();
+        let messages = value["messages"].as_array().unwrap().clone();
+        let common = previous
+            .iter()
+            .zip(&messages)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let total: f64 = messages.iter().map(message_chars).sum();
+        let cached: f64 = messages[..common].iter().map(message_chars).sum();
+        billed += (total - cached) + 0.1 * cached;
+        previous = messages;
+    }
+    billed
 }
 
 /// `bill` with no checkpoint store (every turn replays cold).

@@ -23,6 +23,7 @@ pub mod agent;
 pub mod budget;
 pub mod relevant;
 pub mod stable;
+pub mod summary;
 pub mod thinking;
 pub mod tokens;
 

@@ -282,6 +282,13 @@ impl Parsed<'_> {
 
     /// The body with the compacted array replaced by the plan's items.
     pub fn splice(&self, plan: &Plan) -> String {
+        self.splice_inserting(plan, None)
+    }
+
+    /// [`Parsed::splice`], with `insert`'s element (JSON text) placed
+    /// before the plan's item at that position (at the end when it equals
+    /// the plan's length): a summary message in place of what it replaces.
+    pub fn splice_inserting(&self, plan: &Plan, insert: Option<(usize, &str)>) -> String {
         let body = self.body;
         let mut written: Vec<Written> = Vec::with_capacity(plan.items.len());
         // Markers whose element goes away, with where that element sat.
@@ -326,12 +333,27 @@ impl Parsed<'_> {
         let mut out = String::with_capacity(body.len());
         out.push_str(&body[..self.array_span.start]);
         out.push('[');
+        let count = written.len();
         for (n, item) in written.into_iter().enumerate() {
             if n > 0 {
                 out.push(',');
             }
+            if let Some((at, element)) = insert {
+                if at == n {
+                    out.push_str(element);
+                    out.push(',');
+                }
+            }
             let wire = &self.wire[item.index];
             item.finish(wire).apply(body, wire.span.clone(), &mut out);
+        }
+        if let Some((at, element)) = insert {
+            if at >= count {
+                if count > 0 {
+                    out.push(',');
+                }
+                out.push_str(element);
+            }
         }
         out.push(']');
         out.push_str(&body[self.array_span.end..]);

@@ -18,6 +18,8 @@ use crate::metrics::Metrics;
 pub struct Handles<'a> {
     /// False once shutdown began: `/readyz` answers 503.
     pub ready: bool,
+    /// The summary store serves from this process alone (Redis fails).
+    pub store_degraded: bool,
     pub metrics: &'a Metrics,
     pub reports: &'a ReportStore,
     /// The compaction permits `/v1/memory-compact` shares with the proxy.
@@ -50,6 +52,10 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, Request<Incoming>> {
     Ok(match request.uri().path() {
         HEALTHZ => text(StatusCode::OK, "ok\n"),
+        READYZ if state.ready && state.store_degraded => text(
+            StatusCode::OK,
+            "ready\nnote: the summary store's Redis fails; summaries are kept in this process only\n",
+        ),
         READYZ if state.ready => text(StatusCode::OK, "ready\n"),
         READYZ => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
         METRICS => {

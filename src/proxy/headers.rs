@@ -123,6 +123,39 @@ const BUDGET_MET: HeaderName = HeaderName::from_static("x-compaction-budget-met"
 /// Writes the loss report headers of INTERFACE.md. This runs on every
 /// response, so the names are constants and the figures are written into
 /// one buffer that every value shares, instead of an allocation each.
+/// The summary a request forwarded: its id, chunks, passes and the
+/// summarizer tokens spent on this request.
+pub fn write_summary(headers: &mut HeaderMap, summary: &crate::outcome::SummaryReport) {
+    if let Ok(id) = HeaderValue::try_from(summary.id.as_str()) {
+        headers.insert(HeaderName::from_static("x-compaction-summary-id"), id);
+    }
+    let numbers = [
+        ("x-compaction-summary-chunks", Some(summary.chunks as u64)),
+        ("x-compaction-summary-passes", Some(summary.passes as u64)),
+        (
+            "x-compaction-summary-replaced",
+            Some(summary.replaced as u64),
+        ),
+        (
+            "x-compaction-summarizer-prompt-tokens",
+            summary.prompt_tokens,
+        ),
+        (
+            "x-compaction-summarizer-completion-tokens",
+            summary.completion_tokens,
+        ),
+    ];
+    for (name, value) in numbers {
+        if let Some(value) = value {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
+        }
+    }
+    headers.insert(
+        HeaderName::from_static("x-compaction-summary-source"),
+        HeaderValue::from_static(summary.source),
+    );
+}
+
 pub fn write_loss_report(
     headers: &mut HeaderMap,
     status: Status,
@@ -131,7 +164,9 @@ pub fn write_loss_report(
 ) {
     headers.reserve(if loss.is_some() { 17 } else { 2 });
     let status = match status {
-        Status::Skipped(_) | Status::Refused(_) => HeaderValue::try_from(status.header()),
+        Status::Skipped(_) | Status::Refused(_) | Status::SummarizeFallback => {
+            HeaderValue::try_from(status.header())
+        }
         other => Ok(HeaderValue::from_static(other.label())),
     };
     if let Ok(status) = status {

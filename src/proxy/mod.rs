@@ -40,10 +40,12 @@
 pub mod admin;
 pub mod body;
 pub mod compact;
+pub mod context_compact;
 pub mod headers;
 pub mod server;
 pub mod state;
 pub mod stream_end;
+pub mod summaries;
 pub mod upstream;
 pub mod workers;
 
@@ -105,6 +107,9 @@ async fn proxy_request(
     request: Request<Incoming>,
     request_id: HeaderValue,
 ) -> Response<ProxyBody> {
+    if request.uri().path() == context_compact::PATH && request.method() == Method::POST {
+        return Box::pin(context_compact::handle(&state, request)).await;
+    }
     let runtime = state.runtime();
     let mut record = Recorder::new(
         state.clone(),
@@ -151,6 +156,7 @@ async fn proxy_request(
             report_id: None,
             detail: None,
             baseline: None,
+            summary: None,
         };
         return forward(
             &state,
@@ -176,6 +182,17 @@ async fn proxy_request(
             Ok(decided) => decided,
             Err(e) => return refuse(e, Some(&resolution), record),
         };
+    let (decided, summary) = summaries::apply(
+        &state,
+        &runtime,
+        &resolution,
+        &raw,
+        coding,
+        &parts.headers,
+        decided,
+    )
+    .await;
+    record.summary = summary.clone();
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
     record.skip_detail = decided.detail.clone();
@@ -211,7 +228,7 @@ async fn proxy_request(
     });
     let report_id = report_id.filter(|_| asked);
     let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
-        Some(rewritten) if status == Status::Compacted => {
+        Some(rewritten) if status.is_compacted() => {
             // The rewritten body is plain JSON whatever the client sent.
             parts.headers.remove(header::CONTENT_ENCODING);
             parts
@@ -239,6 +256,7 @@ async fn proxy_request(
         report_id,
         detail: decided.detail,
         baseline,
+        summary,
     };
     forward(
         &state,
@@ -379,6 +397,8 @@ struct Verdict {
     detail: Option<String>,
     /// What the bill's estimate knows of the original request.
     baseline: Option<crate::usage::Baseline>,
+    /// The summary forwarded in place of older messages.
+    summary: Option<crate::outcome::SummaryReport>,
 }
 
 impl Verdict {
@@ -403,6 +423,9 @@ impl Verdict {
         }
         if let Some(id) = &self.report_id {
             headers::write_report_id(headers, id);
+        }
+        if let Some(summary) = &self.summary {
+            headers::write_summary(headers, summary);
         }
     }
 }

@@ -37,6 +37,15 @@ pub struct AppState {
     /// One permit per core: compactions beyond that queue (see [`super::compact`]);
     /// `/v1/memory-compact` takes the same permits.
     pub(crate) compactions: Arc<tokio::sync::Semaphore>,
+    /// Summaries by what they were made from ([`crate::store`]).
+    pub summary_store: Arc<dyn crate::store::Store>,
+    /// The connection pool of summarizer calls.
+    pub summarizer_client: crate::summarizer::client::HttpClient,
+    /// Keys of summaries being written in the background.
+    pub(crate) summaries_in_flight: std::sync::Mutex<std::collections::HashSet<u128>>,
+    /// Stable mode, background timing: the summary each re-compaction
+    /// chose, by the key of what it replaced.
+    pub(crate) summary_choices: moka::sync::Cache<u128, u128>,
     /// Request bytes held in memory across all requests.
     pub buffers: Arc<body::BufferBudget>,
     shutting_down: AtomicBool,
@@ -60,7 +69,29 @@ impl AppState {
             &runtime.upstream_roots,
             super::workers::count_for(runtime.config.server.workers),
         );
+        let store_bytes = match runtime.config.store.max_bytes {
+            0 => 16 * 1024 * 1024,
+            n => n,
+        };
+        let metrics = Metrics::new();
+        let local = crate::store::LocalStore::new(store_bytes);
+        let summary_store: Arc<dyn crate::store::Store> = match &runtime.config.store.redis_url {
+            // The URL was checked with the configuration.
+            Some(url) => match crate::store::redis::RedisStore::new(
+                url,
+                crate::store::LocalStore::new(store_bytes),
+                metrics.summary_store_errors(),
+            ) {
+                Ok(shared) => Arc::new(shared),
+                Err(_) => Arc::new(local),
+            },
+            None => Arc::new(local),
+        };
         Arc::new(AppState {
+            summary_store,
+            summarizer_client: crate::summarizer::client::HttpClient::new(),
+            summaries_in_flight: Default::default(),
+            summary_choices: moka::sync::Cache::new(100_000),
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
             inspector: crate::inspector::RecentRequests::new(
@@ -70,7 +101,7 @@ impl AppState {
             prints: crate::usage::PrefixMemory::new(PRINT_MEMORY_BYTES),
             bills: crate::usage::BillStore::default(),
             runtime: RwLock::new(Arc::new(runtime)),
-            metrics: Metrics::new(),
+            metrics,
             reports: crate::explain::ReportStore::default(),
             upstream,
             compactions: Arc::new(tokio::sync::Semaphore::new(
@@ -111,6 +142,7 @@ impl AppState {
         let runtime = self.runtime();
         admin::Handles {
             ready: self.is_ready(),
+            store_degraded: self.summary_store.degraded(),
             metrics: &self.metrics,
             reports: &self.reports,
             compactions: &self.compactions,

@@ -1,0 +1,199 @@
+//! The summary store shared through a real Redis (`redis-server`, started
+//! by each test on a loopback port): two proxies, each with its own
+//! memory, reuse one summary and forward the same bytes; Redis stopped
+//! mid-run costs no request. Without `redis-server` the tests print
+//! `skipped`, and fail when `REQUIRE_REDIS` is set (CI sets it).
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use serde_json::json;
+
+use crate::summaries::{MockSummarizer, Mode};
+use crate::support::{send, unused_addr, wait_until, Behavior, MockUpstream, TestProxy};
+
+/// A redis-server of its own, stopped when dropped.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    /// `None` (after saying so) when redis-server is not installed.
+    async fn start(test: &str) -> Option<Redis> {
+        let port = unused_addr().await.port();
+        let spawned = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                assert!(
+                    std::env::var_os("REQUIRE_REDIS").is_none(),
+                    "REQUIRE_REDIS is set but redis-server cannot run: {e}"
+                );
+                eprintln!("skipped {test}: redis-server is not installed ({e})");
+                return None;
+            }
+        };
+        let up = wait_until(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .await;
+        assert!(up, "redis-server listens");
+        Some(Redis { child, port })
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn config(summarizer: &str, redis: &str) -> String {
+    format!(
+        r#"
+[store]
+redis_url = "{redis}"
+
+[summarizers.mock]
+url = "{summarizer}"
+format = "chat"
+model = "mini"
+timeout_secs = 3
+
+[policies.default]
+budget_chars = 3000
+keep_last_n = 3
+strategy = "summarize"
+summarizer = "mock"
+"#
+    )
+}
+
+fn body(tag: &str) -> String {
+    let mut messages = vec![json!({"role": "system", "content": "Be brief."})];
+    for i in 0..20 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": format!("{tag} turn {i}: {}", "words of the session ".repeat(12))}));
+    }
+    json!({"model": "gpt-4o", "messages": messages}).to_string()
+}
+
+fn post(url: String, body: &str) -> Request<Full<Bytes>> {
+    Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap()
+}
+
+async fn text(proxy: &TestProxy, path: &str) -> String {
+    let answer = send(
+        Request::get(proxy.url(path))
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    String::from_utf8(answer.body.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn a_summary_made_by_one_proxy_is_used_by_another_with_the_same_bytes() {
+    let Some(redis) = Redis::start("a_summary_made_by_one_proxy_is_used_by_another").await else {
+        return;
+    };
+    let summarizer = MockSummarizer::start("chat", Mode::Canned).await;
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let toml = config(&summarizer.url(), &redis.url());
+    let one = TestProxy::start(&toml, &upstream.url()).await;
+    let two = TestProxy::start(&toml, &upstream.url()).await;
+    let body = body("shared");
+    let first = send(post(one.url("/v1/chat/completions"), &body)).await;
+    assert_eq!(first.header("x-compaction-summary-source"), Some("model"));
+    let second = send(post(two.url("/v1/chat/completions"), &body)).await;
+    assert_eq!(second.header("x-compaction-summary-source"), Some("store"));
+    assert_eq!(
+        second.header("x-compaction-summary-id"),
+        first.header("x-compaction-summary-id")
+    );
+    assert_eq!(
+        summarizer.calls(),
+        1,
+        "the second proxy read Redis, not the model"
+    );
+    let received = upstream.received();
+    assert_eq!(received.len(), 2);
+    assert_eq!(
+        received[0].body, received[1].body,
+        "identical forwarded bytes"
+    );
+    assert!(text(&two, "/readyz").await.starts_with("ready\n"));
+    assert!(!text(&two, "/readyz").await.contains("note"));
+}
+
+#[tokio::test]
+async fn requests_still_succeed_when_redis_stops_and_the_metric_shows_it() {
+    let Some(mut redis) = Redis::start("requests_still_succeed_when_redis_stops").await else {
+        return;
+    };
+    let summarizer = MockSummarizer::start("chat", Mode::Canned).await;
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start(&config(&summarizer.url(), &redis.url()), &upstream.url()).await;
+    let before = send(post(proxy.url("/v1/chat/completions"), &body("before"))).await;
+    assert_eq!(before.header("x-compaction-summary-source"), Some("model"));
+    redis.stop();
+    for tag in ["after-1", "after-2"] {
+        let answer = send(post(proxy.url("/v1/chat/completions"), &body(tag))).await;
+        assert_eq!(answer.status, 200, "{tag}");
+        assert_eq!(
+            answer.header("x-compaction-status"),
+            Some("compacted"),
+            "{tag}"
+        );
+        assert_eq!(
+            answer.header("x-compaction-summary-source"),
+            Some("model"),
+            "{tag}"
+        );
+    }
+    // Kept in this process meanwhile: a repeat needs no model.
+    let again = send(post(proxy.url("/v1/chat/completions"), &body("after-1"))).await;
+    assert_eq!(again.header("x-compaction-summary-source"), Some("store"));
+    assert_eq!(summarizer.calls(), 3);
+    let metrics = text(&proxy, "/metrics").await;
+    let errors: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("compaction_proxy_summary_store_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(errors >= 1, "{metrics}");
+    let ready = text(&proxy, "/readyz").await;
+    assert!(
+        ready.starts_with("ready\n") && ready.contains("kept in this process only"),
+        "{ready}"
+    );
+}
