@@ -1137,8 +1137,8 @@ mod tests {
             one("compaction_proxy_estimated_extra_cost_total"),
             Some(0.0)
         );
-        let line: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
-        let fields = &line["fields"];
+        // JSON log lines are flat: the fields sit at the top level.
+        let fields: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
         assert_eq!(fields["billed_cache_read"], 800, "{log}");
         assert_eq!(fields["billed_uncached"], 100, "{log}");
         assert_eq!(fields["model"], "gpt-4o", "{log}");

@@ -158,8 +158,14 @@ impl MockSummarizer {
 }
 
 /// A config: one summarizer of `format` at `url`, the default policy
-/// summarizing with `extra` policy keys, the summarizer's `summarizer_extra`.
+/// summarizing with `extra` policy keys (exact mode unless they name a
+/// mode), the summarizer's `summarizer_extra`.
 fn config(url: &str, format: &str, extra: &str, summarizer_extra: &str) -> String {
+    let mode = if extra.contains("mode =") {
+        ""
+    } else {
+        "mode = \"exact\""
+    };
     format!(
         r#"
 [summarizers.mock]
@@ -176,6 +182,7 @@ budget_chars = 3000
 keep_last_n = 3
 strategy = "summarize"
 summarizer = "mock"
+{mode}
 {extra}
 "#
     )
