@@ -278,6 +278,30 @@ struct Keep {
     inspector: bool,
 }
 
+/// What the inspector's list shows of a request's bill: the provider's
+/// usage, and the estimated saving against the original request.
+fn inspector_bill(
+    bill: &crate::usage::Bill,
+) -> (
+    crate::inspector::BilledUsage,
+    Option<crate::inspector::EstimatedSaving>,
+) {
+    let u = &bill.usage;
+    let usage = crate::inspector::BilledUsage {
+        uncached_input_tokens: Some(u.uncached_input),
+        cache_read_input_tokens: Some(u.cache_read),
+        cache_write_input_tokens: Some(u.cache_write),
+        output_tokens: Some(u.output),
+        cost: bill.cost,
+    };
+    let input = |u: &crate::usage::Usage| (u.uncached_input + u.cache_read + u.cache_write) as i64;
+    let saving = bill.estimate.map(|e| crate::inspector::EstimatedSaving {
+        input_tokens: Some(input(&e.original) - input(u)),
+        cost: Some(e.saved - e.extra),
+    });
+    (usage, saving)
+}
+
 /// The inspector's line for a request, as decided.
 fn inspected_summary(
     id: &str,
@@ -465,6 +489,13 @@ impl Recorder {
         // 0: the client left before an answer went out.
         if let (Some(id), status @ 1..) = (&self.inspected, self.event.response_status) {
             self.state.inspector.set_http_status(id, status);
+        }
+        if let (Some(id), Some(bill)) = (&self.inspected, &self.event.bill) {
+            let (usage, saving) = inspector_bill(bill);
+            self.state.inspector.set_usage(id, usage);
+            if let Some(saving) = saving {
+                self.state.inspector.set_saving(id, saving);
+            }
         }
     }
 }

@@ -561,3 +561,39 @@ async fn inspector_page_in_chromium() {
     );
     assert!(std::path::Path::new(&screenshot).exists());
 }
+
+#[tokio::test]
+async fn the_list_shows_the_usage_the_provider_billed() {
+    // The upstream bills 1,000 input tokens, 600 of them from its cache.
+    let upstream = MockUpstream::start(Behavior::Json(
+        200,
+        json!({"id": "c", "object": "chat.completion", "model": "gpt-4o",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020,
+                         "prompt_tokens_details": {"cached_tokens": 600}}}),
+    ))
+    .await;
+    let proxy = TestProxy::start(
+        "[inspector]\nenabled = true\n[policies.default]\nallow_report = true\n\
+         [prices.\"gpt-4o\"]\nuncached = 2.5\ncache_read = 1.25\noutput = 10\n",
+        &upstream.url(),
+    )
+    .await;
+    let answer = send(post(&proxy.url("/v1/chat/completions"), &history(&[]), &[])).await;
+    assert_eq!(answer.status, 200);
+    let mut usage = Value::Null;
+    for _ in 0..200 {
+        let list = settled_list(&proxy, None, 1).await;
+        usage = list["requests"][0]["usage"].clone();
+        if !usage.is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(usage["uncached_input_tokens"], 400, "{usage}");
+    assert_eq!(usage["cache_read_input_tokens"], 600, "{usage}");
+    assert_eq!(usage["output_tokens"], 20, "{usage}");
+    // 400 at 2.5, 600 at 1.25 and 20 at 10 per million tokens.
+    let cost = usage["cost"].as_f64().unwrap();
+    assert!((cost - 0.00195).abs() < 1e-9, "{cost}");
+}
