@@ -487,15 +487,16 @@ impl Recorder {
         self.event.total_seconds = self.started.elapsed().as_secs_f64();
         self.event.emit(&self.state.metrics);
         // 0: the client left before an answer went out.
-        if let (Some(id), status @ 1..) = (&self.inspected, self.event.response_status) {
-            self.state.inspector.set_http_status(id, status);
-        }
+        // The bill first: a line with its status is a line complete.
         if let (Some(id), Some(bill)) = (&self.inspected, &self.event.bill) {
             let (usage, saving) = inspector_bill(bill);
             self.state.inspector.set_usage(id, usage);
             if let Some(saving) = saving {
                 self.state.inspector.set_saving(id, saving);
             }
+        }
+        if let (Some(id), status @ 1..) = (&self.inspected, self.event.response_status) {
+            self.state.inspector.set_http_status(id, status);
         }
     }
 }

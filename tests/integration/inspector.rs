@@ -197,11 +197,11 @@ async fn it_lists_every_request_of_a_reporting_policy_newest_first() {
     assert!(oldest["time_ms"].as_u64().unwrap() <= newest["time_ms"].as_u64().unwrap());
     let loss = &oldest["loss"];
     assert!(loss["output_chars"].as_u64() < loss["input_chars"].as_u64());
-    assert_eq!(
-        oldest["usage"],
-        Value::Null,
-        "unknown until the response's usage is read"
-    );
+    // The mock's answer bills one input and one output token; no price is
+    // configured, so no cost.
+    assert_eq!(oldest["usage"]["uncached_input_tokens"], 1, "{oldest}");
+    assert_eq!(oldest["usage"]["output_tokens"], 1, "{oldest}");
+    assert_eq!(oldest["usage"]["cost"], Value::Null, "{oldest}");
     assert_eq!(oldest["estimated_saving"], Value::Null);
     assert_eq!(list["tenants"], json!(["acme", "globex"]));
     assert_eq!(list["policies"], json!(["reported"]));
