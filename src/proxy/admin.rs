@@ -22,6 +22,8 @@ pub struct Handles<'a> {
     pub store_degraded: bool,
     pub metrics: &'a Metrics,
     pub reports: &'a ReportStore,
+    /// Bills of reported requests whose answer ended, added to their report.
+    pub bills: &'a crate::usage::BillStore,
     /// The compaction permits `/v1/memory-compact` shares with the proxy.
     pub compactions: &'a Arc<tokio::sync::Semaphore>,
     pub buffers: &'a Arc<BufferBudget>,
@@ -43,6 +45,29 @@ pub fn is_admin_path(path: &str) -> bool {
     matches!(path, HEALTHZ | READYZ | METRICS | MEMORY_COMPACT)
         || path.starts_with(REPORTS)
         || crate::inspector::is_inspector_path(path)
+}
+
+/// A report with its request's bill, as the log line has it, once the
+/// answer has ended (`"bill": null` before, or when the answer reported
+/// no usage). Reports are serialised objects, so the field is spliced in
+/// before the closing brace.
+fn with_bill(report: Bytes, bill: Option<&crate::usage::Bill>) -> Bytes {
+    let Some(close) = report.iter().rposition(|&b| b == b'}') else {
+        return report;
+    };
+    let bill = serde_json::to_vec(&bill).expect("bills serialise");
+    let mut out = Vec::with_capacity(report.len() + bill.len() + 10);
+    out.extend_from_slice(&report[..close]);
+    let empty = report[..close]
+        .iter()
+        .rev()
+        .find(|b| !b.is_ascii_whitespace())
+        == Some(&b'{');
+    let key: &[u8] = if empty { b"\"bill\":" } else { b",\"bill\":" };
+    out.extend_from_slice(key);
+    out.extend_from_slice(&bill);
+    out.extend_from_slice(&report[close..]);
+    out.into()
 }
 
 /// Answers admin paths; hands every other request back, to be proxied.
@@ -72,10 +97,12 @@ pub async fn handle(
             Response::from_parts(parts, body::full(bytes))
         }
         path if path.starts_with(REPORTS) => {
+            let id = &path[REPORTS.len()..];
             let found = match request.method() {
                 &Method::GET => state
                     .reports
-                    .get(&path[REPORTS.len()..])
+                    .get(id)
+                    .map(|report| with_bill(report, state.bills.get(id).as_deref()))
                     .ok_or(ProxyError::ReportNotFound),
                 other => Err(ProxyError::MethodNotAllowed(other.clone(), "GET")),
             };
@@ -174,4 +201,48 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::{Bill, Usage};
+
+    fn bill() -> Bill {
+        Bill {
+            model: Some("gpt-4o-mini".into()),
+            family: "gpt-4o".into(),
+            usage: Usage {
+                uncached_input: 100,
+                cache_read: 900,
+                output: 7,
+                ..Usage::default()
+            },
+            cost: Some(0.5),
+            estimate: None,
+        }
+    }
+
+    #[test]
+    fn a_report_gains_its_bill_as_a_last_field_and_stays_json() {
+        let report = Bytes::from_static(br#"{"status":"compacted","messages":[{"i":0}]}"#);
+        let out = with_bill(report, Some(&bill()));
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["status"], "compacted");
+        assert_eq!(value["messages"][0]["i"], 0);
+        assert_eq!(value["bill"]["usage"]["cache_read"], 900);
+        assert_eq!(value["bill"]["usage"]["uncached_input"], 100);
+        assert_eq!(value["bill"]["family"], "gpt-4o");
+        assert_eq!(value["bill"]["cost"], 0.5);
+    }
+
+    #[test]
+    fn a_report_before_its_answer_ends_says_its_bill_is_not_known() {
+        let out = with_bill(Bytes::from_static(b"{\"a\":1}\n"), None);
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value, serde_json::json!({"a": 1, "bill": null}));
+        let out = with_bill(Bytes::from_static(b"{ }"), None);
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value, serde_json::json!({"bill": null}));
+    }
 }

@@ -145,6 +145,7 @@ impl AppState {
             store_degraded: self.summary_store.degraded(),
             metrics: &self.metrics,
             reports: &self.reports,
+            bills: &self.bills,
             compactions: &self.compactions,
             buffers: &self.buffers,
             limits: body::limits(&runtime),

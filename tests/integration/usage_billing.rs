@@ -5,6 +5,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
 use serde_json::json;
 
 use crate::support::*;
@@ -386,7 +388,7 @@ async fn a_billed_streams_events_still_arrive_as_they_are_sent() {
 }
 
 #[tokio::test]
-async fn a_kept_reports_bill_is_there_for_the_inspector_once_the_answer_ends() {
+async fn a_kept_reports_bill_is_in_its_report_once_the_answer_ends() {
     let completion = json!({
         "id": "c", "object": "chat.completion", "model": "gpt-4o",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
@@ -417,8 +419,29 @@ async fn a_kept_reports_bill_is_there_for_the_inspector_once_the_answer_ends() {
     // The request went as it came: its estimate is its bill.
     let estimate = bill.estimate.unwrap();
     assert_eq!((estimate.saved, estimate.extra), (0.0, 0.0));
-    let json = serde_json::to_value(&*bill).unwrap();
-    assert_eq!(json["usage"]["cache_read"], 64, "{json}");
+    // The report endpoint carries the same figures.
+    let url = proxy.url(&format!("/v1/compaction-reports/{id}"));
+    let mut report = None;
+    for _ in 0..100 {
+        let got = send(Request::get(&url).body(Full::new(Bytes::new())).unwrap()).await;
+        if got.status == 200 {
+            report = Some(got.json());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = report.expect("the report is kept");
+    let usage = &report["bill"]["usage"];
+    assert_eq!(
+        (
+            &usage["uncached_input"],
+            &usage["cache_read"],
+            &usage["output"]
+        ),
+        (&json!(36), &json!(64), &json!(7)),
+        "{report}"
+    );
+    assert_eq!(report["bill"], serde_json::to_value(&*bill).unwrap());
 }
 
 #[tokio::test]
