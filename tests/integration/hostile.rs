@@ -681,10 +681,10 @@ async fn requests_keep_their_upstream_after_a_reload_that_names_another() {
     assert!(other.received().is_empty());
 }
 
-/// Tool results are matched to their calls by a hashed lookup: one
-/// assistant message of 40,000 calls answered by 40,000 results whose ids
-/// match none (Anthropic blocks in one message, chat `tool` messages) took
-/// over ten seconds each when each result searched every call.
+/// One assistant message of 40,000 calls answered by 40,000 results whose
+/// ids match none (Anthropic blocks in one message, chat `tool` messages)
+/// parses. That matching the results to the calls stays linear
+/// is measured in `benches/engine.rs` (`unmatched_tool_results`), not here.
 #[test]
 fn thousands_of_tool_results_are_matched_in_linear_time() {
     use compaction_proxy::format::Format;
@@ -713,12 +713,7 @@ fn thousands_of_tool_results_are_matched_in_linear_time() {
     );
     let chat = json!({ "messages": messages }).to_string();
     for (format, body) in [(Format::Anthropic, anthropic), (Format::Chat, chat)] {
-        let started = Instant::now();
         let parsed = format.parse(body.as_bytes(), usize::MAX).expect("parses");
-        let took = started.elapsed();
-        assert!(parsed.conversation.items.len() >= 3);
-        // Linear: about a second unoptimised (a test build); the search
-        // through every call took 18 s here.
-        assert!(took < Duration::from_secs(5), "{format:?}: {took:?}");
+        assert!(parsed.conversation.items.len() >= 3, "{format:?}");
     }
 }
