@@ -257,10 +257,7 @@ where
     let mut forwarded = String::from_utf8_lossy(&active.forwarded).into_owned();
     let mut earlier: Option<Value> = None;
     let mut spent = 0;
-    loop {
-        let Some(turn) = read_turn(&active, &bytes) else {
-            break;
-        };
+    while let Some(turn) = read_turn(&active, &bytes) {
         if !turn.calls_recall() || done.rounds >= active.limits.max_rounds {
             if turn.calls_recall() {
                 bytes = strip_recall(&active, &bytes);
