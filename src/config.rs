@@ -450,6 +450,29 @@ pub struct PolicyConfig {
     /// where those go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary_prompt: Option<String>,
+    /// Markers with recall ids where compaction cut, and the
+    /// `compaction_recall` tool the proxy answers itself (docs/recall.md).
+    #[serde(default)]
+    pub recall: bool,
+    /// The most chars one recall id answers with; longer: head and tail.
+    #[serde(default = "default_recall_max_chars")]
+    pub recall_max_chars: usize,
+    /// The most follow-up requests recall makes for one client request.
+    #[serde(default = "default_recall_max_rounds")]
+    pub recall_max_rounds: usize,
+    /// The most bytes recall answers add to one client request's follow-ups.
+    #[serde(default = "default_recall_max_added_bytes")]
+    pub recall_max_added_bytes: usize,
+}
+
+fn default_recall_max_chars() -> usize {
+    crate::compaction::recall::RecallLimits::DEFAULT.max_chars
+}
+fn default_recall_max_rounds() -> usize {
+    crate::compaction::recall::RecallLimits::DEFAULT.max_rounds
+}
+fn default_recall_max_added_bytes() -> usize {
+    crate::compaction::recall::RecallLimits::DEFAULT.max_added_bytes
 }
 
 fn default_reserve_tokens() -> usize {
@@ -530,6 +553,10 @@ impl Default for PolicyConfig {
             summary_instructions: String::new(),
             summary_target_tokens: 0,
             summary_prompt: None,
+            recall: false,
+            recall_max_chars: default_recall_max_chars(),
+            recall_max_rounds: default_recall_max_rounds(),
+            recall_max_added_bytes: default_recall_max_added_bytes(),
         }
     }
 }

@@ -48,6 +48,10 @@ pub struct MessageFate {
     /// A message making tool calls: each call's decision.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<CallDecision>,
+    /// `recall = true`: the recall id of the marker that stands for what
+    /// was cut from this message, or for the dropped run it is part of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recall_id: Option<String>,
 }
 
 /// What `compaction-proxy compact --report` prints for a chat body.
@@ -114,6 +118,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
             chars: kept.chars,
             decision: None,
             tool_calls: Vec::new(),
+            recall_id: None,
         });
     }
     for dup in &report.stages.dedupe.removed {
@@ -131,6 +136,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                 chars: 0,
                 decision: None,
                 tool_calls: Vec::new(),
+                recall_id: None,
             });
         }
     }
@@ -158,6 +164,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                 chars: 0,
                 decision: None,
                 tool_calls: Vec::new(),
+                recall_id: None,
             });
         }
     }
@@ -231,6 +238,9 @@ pub fn explain<'a, 'b>(
         follow_the_replay(&mut lines, conversation, compacted.plan.as_ref());
     }
     attach_decisions(&mut lines, decisions);
+    if let (Some(_), Some(plan)) = (policy.recall, &compacted.plan) {
+        attach_recall_ids(&mut lines, &parsed, plan);
+    }
     let report = RequestReport {
         policy: name,
         status: crate::proxy::compact::status_of(policy, &outcome).header(),
@@ -243,6 +253,32 @@ pub fn explain<'a, 'b>(
         plan: compacted.plan,
         stable: compacted.stable,
     })
+}
+
+/// Names on each line the recall id of the marker that stands for it
+/// (`recall = true`), as the forwarded body carries them.
+fn attach_recall_ids(
+    lines: &mut [MessageFate],
+    parsed: &crate::format::Parsed,
+    plan: &crate::format::Plan,
+) {
+    use crate::compaction::recall::{mark, RecallId, Source};
+    let mut plan = plan.clone();
+    for id in mark(parsed, &mut plan).ids {
+        let Some(recall) = RecallId::parse(&id) else {
+            continue;
+        };
+        let (first, last) = match recall.source {
+            Source::Text { item } | Source::Arguments { item, .. } => (item, item),
+            Source::Dropped { first, last } => (first, last),
+        };
+        for line in lines
+            .iter_mut()
+            .filter(|l| (first..=last).contains(&l.index))
+        {
+            line.recall_id.get_or_insert_with(|| id.clone());
+        }
+    }
 }
 
 /// Stable mode forwards what its replay kept, not what one engine run over

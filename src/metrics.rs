@@ -55,6 +55,17 @@ fn cpu_seconds() -> Option<f64> {
     Some(time(usage.ru_utime) + time(usage.ru_stime))
 }
 
+/// What recall counts, by policy: the model's calls, ids answered and
+/// refused, chars answered, and follow-up rounds.
+#[derive(Clone)]
+pub struct RecallCounters {
+    pub calls: IntCounterVec,
+    pub ids: IntCounterVec,
+    pub refused_ids: IntCounterVec,
+    pub answer_chars: IntCounterVec,
+    pub rounds: IntCounterVec,
+}
+
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
@@ -103,6 +114,8 @@ pub struct Metrics {
     summarizer_tokens: IntCounterVec,
     summarize_fallbacks: IntCounterVec,
     summary_store_errors: IntCounterVec,
+    /// Recall's counters (`recall = true`).
+    recall: RecallCounters,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
     /// watches for connections that are never let go.
     tasks: IntGauge,
@@ -301,6 +314,15 @@ pub const SUMMARY_FAMILIES: [&str; 3] = [
     "compaction_proxy_summary_store_errors_total",
 ];
 
+/// The families of recall, exported once a recall call was answered.
+pub const RECALL_FAMILIES: [&str; 5] = [
+    "compaction_proxy_recall_calls_total",
+    "compaction_proxy_recall_ids_total",
+    "compaction_proxy_recall_refused_ids_total",
+    "compaction_proxy_recall_answer_chars_total",
+    "compaction_proxy_recall_rounds_total",
+];
+
 /// Values of the `result` label of `config_reloads_total`.
 pub const RELOAD_APPLIED: &str = "applied";
 pub const RELOAD_REFUSED: &str = "refused";
@@ -396,7 +418,35 @@ impl Metrics {
                 .expect("unique metric");
             c
         };
+        let recall = RecallCounters {
+            calls: counter(
+                "recall_calls_total",
+                "compaction_recall calls the model made and the proxy answered itself, by policy.",
+                &["policy"],
+            ),
+            ids: counter(
+                "recall_ids_total",
+                "Recall ids answered with their originals, by policy.",
+                &["policy"],
+            ),
+            refused_ids: counter(
+                "recall_refused_ids_total",
+                "Recall ids refused (not in the request's markers, malformed, or past a limit), by policy.",
+                &["policy"],
+            ),
+            answer_chars: counter(
+                "recall_answer_chars_total",
+                "Chars of originals the proxy sent back in recall answers, by policy.",
+                &["policy"],
+            ),
+            rounds: counter(
+                "recall_rounds_total",
+                "Follow-up requests the proxy sent upstream to answer recall calls, by policy.",
+                &["policy"],
+            ),
+        };
         Metrics {
+            recall,
             summary_store_errors,
             summarizer_tokens,
             summarize_fallbacks,
@@ -585,6 +635,11 @@ impl Metrics {
                     .inc_by(tokens);
             }
         }
+    }
+
+    /// Recall's counters.
+    pub fn recall(&self) -> &RecallCounters {
+        &self.recall
     }
 
     /// The counter the shared summary store counts its failures in.

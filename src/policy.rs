@@ -88,6 +88,8 @@ pub struct CompiledPolicy {
     pub auto_budget: Option<AutoBudget>,
     /// `strategy = "summarize"`: how this policy's summaries are written.
     pub summary: Option<Arc<SummaryPolicy>>,
+    /// `recall = true`: markers with recall ids, and their limits.
+    pub recall: Option<crate::compaction::recall::RecallLimits>,
 }
 
 /// A policy's summaries: its summarizer, timing and prompt.
@@ -132,6 +134,7 @@ impl CompiledPolicy {
             analyses: Arc::new(AnalysisStore::new(0)),
             auto_budget: None,
             summary: None,
+            recall: None,
         }
     }
 
@@ -172,6 +175,7 @@ impl CompiledPolicy {
             analyses: self.analyses.clone(),
             auto_budget: self.auto_budget.clone(),
             summary: self.summary.clone(),
+            recall: self.recall,
         }
     }
 }
@@ -929,6 +933,11 @@ fn compile_policy(
                 reserve_tokens: p.reserve_tokens,
             }),
             summary: None,
+            recall: p.recall.then_some(crate::compaction::recall::RecallLimits {
+                max_chars: p.recall_max_chars,
+                max_rounds: p.recall_max_rounds,
+                max_added_bytes: p.recall_max_added_bytes,
+            }),
         }),
         _ => Err(problems),
     }

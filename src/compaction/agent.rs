@@ -413,7 +413,7 @@ pub fn call_decisions(
 
 /// `text` split into its pieces of `piece_chars` chars each, when it has
 /// several and they add up to it.
-fn split_pieces<'t>(text: &'t str, piece_chars: &[usize]) -> Option<Vec<&'t str>> {
+pub(crate) fn split_pieces<'t>(text: &'t str, piece_chars: &[usize]) -> Option<Vec<&'t str>> {
     if piece_chars.len() < 2 {
         return None;
     }

@@ -21,6 +21,7 @@
 
 pub mod agent;
 pub mod budget;
+pub mod recall;
 pub mod relevant;
 pub mod stable;
 pub mod summary;

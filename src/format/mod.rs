@@ -26,6 +26,7 @@
 pub mod agents;
 pub mod anthropic;
 pub mod chat;
+pub mod recall;
 pub mod responses;
 pub(crate) mod rules;
 pub(crate) mod splice;

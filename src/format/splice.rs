@@ -289,6 +289,19 @@ impl Parsed<'_> {
     /// before the plan's item at that position (at the end when it equals
     /// the plan's length): a summary message in place of what it replaces.
     pub fn splice_inserting(&self, plan: &Plan, insert: Option<(usize, &str)>) -> String {
+        let inserts: Vec<(usize, &str)> = insert.into_iter().collect();
+        self.splice_inserting_each(plan, &inserts)
+    }
+
+    /// [`Parsed::splice_inserting`] with any number of elements, each
+    /// `(position, JSON text)`, in order of position: recall's marker
+    /// messages ([`crate::compaction::recall`]).
+    pub fn splice_inserting_all(&self, plan: &Plan, inserts: &[(usize, String)]) -> String {
+        let inserts: Vec<(usize, &str)> = inserts.iter().map(|(at, e)| (*at, e.as_str())).collect();
+        self.splice_inserting_each(plan, &inserts)
+    }
+
+    fn splice_inserting_each(&self, plan: &Plan, inserts: &[(usize, &str)]) -> String {
         let body = self.body;
         let mut written: Vec<Written> = Vec::with_capacity(plan.items.len());
         // Markers whose element goes away, with where that element sat.
@@ -338,7 +351,7 @@ impl Parsed<'_> {
             if n > 0 {
                 out.push(',');
             }
-            if let Some((at, element)) = insert {
+            for &(at, element) in inserts {
                 if at == n {
                     out.push_str(element);
                     out.push(',');
@@ -347,12 +360,14 @@ impl Parsed<'_> {
             let wire = &self.wire[item.index];
             item.finish(wire).apply(body, wire.span.clone(), &mut out);
         }
-        if let Some((at, element)) = insert {
+        let mut wrote = count > 0;
+        for &(at, element) in inserts {
             if at >= count {
-                if count > 0 {
+                if wrote {
                     out.push(',');
                 }
                 out.push_str(element);
+                wrote = true;
             }
         }
         out.push(']');

@@ -434,6 +434,7 @@ mod tests {
             chars: 1,
             decision: None,
             tool_calls: Vec::new(),
+            recall_id: None,
         };
         assert_eq!(
             mark_of(Some(&line("summarize")), false, false).0,

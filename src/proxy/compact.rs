@@ -256,23 +256,51 @@ pub fn outcome_of(
 ) -> Result<Outcome, Skip> {
     let parsed = format.parse(decoded, max_messages)?;
     refuse_agent_compaction(&parsed, policy)?;
-    let compacted = crate::compaction::compact(&parsed, policy, checkpoints);
+    let mut compacted = crate::compaction::compact(&parsed, policy, checkpoints);
     let mut beta = None;
-    let rewritten = compacted.plan.map(|plan| {
-        let body = parsed.splice(&plan);
+    let mut marked = None;
+    let rewritten = compacted.plan.map(|mut plan| {
+        let body = match policy.recall {
+            Some(_) => {
+                // `recall = true`: a marker with its id wherever the plan cut.
+                let m = crate::compaction::recall::mark(&parsed, &mut plan);
+                let body = parsed.splice_inserting_all(&plan, &m.inserts);
+                marked = Some(m);
+                body
+            }
+            None => parsed.splice(&plan),
+        };
         // The last turn of an open tool loop keeps reasoning whose prefix
         // changed (the API requires it there): ask the API to drop it.
         let asked = (plan.has_stale_thinking() && policy.thinking_drop_block)
             .then(|| crate::format::anthropic::ask_to_drop_stale_thinking(&body))
             .flatten();
-        Bytes::from(match asked {
+        let body = match asked {
             Some(asked) => {
                 beta = Some(crate::format::anthropic::THINKING_BINDING_BETA);
                 asked
             }
             None => body,
-        })
+        };
+        // The tool goes only with markers: a body without them is as the
+        // policy would forward it without recall.
+        let body = match &marked {
+            Some(m) if !m.ids.is_empty() => {
+                crate::format::recall::add_tool(format, &body).unwrap_or(body)
+            }
+            _ => body,
+        };
+        Bytes::from(body)
     });
+    if let Some(m) = marked.filter(|m| !m.ids.is_empty()) {
+        let loss = &mut compacted.loss;
+        loss.output_chars += m.added_chars;
+        loss.output_messages += m.inserts.len();
+        if loss.input_chars > 0 {
+            loss.retained_ratio =
+                crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
+        }
+    }
     Ok(Outcome {
         loss: compacted.loss,
         rewritten,

@@ -42,6 +42,7 @@ pub mod body;
 pub mod compact;
 pub mod context_compact;
 pub mod headers;
+pub mod recall;
 pub mod server;
 pub mod state;
 pub mod stream_end;
@@ -157,6 +158,7 @@ async fn proxy_request(
             detail: None,
             baseline: None,
             summary: None,
+            recall: None,
         };
         return forward(
             &state,
@@ -227,6 +229,8 @@ async fn proxy_request(
         id
     });
     let report_id = report_id.filter(|_| asked);
+    // Recall reads the originals from the body as the client sent it.
+    let original = resolution.policy.recall.map(|_| raw.clone());
     let body = match outcome.as_ref().and_then(|o| o.rewritten.clone()) {
         Some(rewritten) if status.is_compacted() => {
             // The rewritten body is plain JSON whatever the client sent.
@@ -240,6 +244,18 @@ async fn proxy_request(
             rewritten
         }
         _ => raw,
+    };
+    let recall = match original {
+        Some(original) if status.is_compacted() => recall::activate(
+            &resolution.policy,
+            resolution.format,
+            &original,
+            coding,
+            &body,
+            runtime.config.server.max_body_bytes,
+            runtime.config.server.max_messages,
+        ),
+        _ => None,
     };
     let stable = outcome.as_ref().and_then(|o| o.stable);
     let loss = outcome.map(|o| o.loss);
@@ -257,6 +273,7 @@ async fn proxy_request(
         detail: decided.detail,
         baseline,
         summary,
+        recall,
     };
     forward(
         &state,
@@ -423,6 +440,9 @@ struct Verdict {
     baseline: Option<crate::usage::Baseline>,
     /// The summary forwarded in place of older messages.
     summary: Option<crate::outcome::SummaryReport>,
+    /// `recall = true` with markers forwarded: the tool's answerer, or why
+    /// the tool did not go.
+    recall: Option<Result<recall::Active, recall::Note>>,
 }
 
 impl Verdict {
@@ -450,6 +470,9 @@ impl Verdict {
         }
         if let Some(summary) = &self.summary {
             headers::write_summary(headers, summary);
+        }
+        if let Some(Err(note)) = &self.recall {
+            note.write_to(headers);
         }
     }
 }
@@ -528,7 +551,7 @@ async fn forward(
     runtime: &Runtime,
     mut parts: http::request::Parts,
     body: ProxyBody,
-    verdict: Option<Verdict>,
+    mut verdict: Option<Verdict>,
     mut record: Recorder,
 ) -> Response<ProxyBody> {
     if let Some(verdict) = &verdict {
@@ -546,11 +569,30 @@ async fn forward(
         None => parts.headers.remove(header::HOST),
     };
 
+    // Recall answers the model's calls itself: it keeps what a follow-up needs.
+    let recall = match verdict.as_mut().and_then(|v| v.recall.take()) {
+        Some(Ok(active)) => {
+            recall::Template::prepare(&mut parts.headers);
+            let template = recall::Template {
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                headers: parts.headers.clone(),
+            };
+            Some((active, template))
+        }
+        Some(Err(note)) => {
+            if let Some(v) = verdict.as_mut() {
+                v.recall = Some(Err(note));
+            }
+            None
+        }
+        None => None,
+    };
     let header_timeout = runtime.timeouts.response_header;
     let idle = runtime.timeouts.upstream_idle;
     let body_idle = runtime.timeouts.body_idle;
     let sent = Instant::now();
-    let mut response = match state
+    let response = match state
         .upstream
         .send(
             Request::from_parts(parts, body),
@@ -573,6 +615,16 @@ async fn forward(
             record.finish(ending);
             return response;
         }
+    };
+    let mut response = match recall {
+        Some((active, template)) => {
+            let timeouts = (header_timeout, idle, body_idle);
+            match recall::answer(state, active, template, response, timeouts).await {
+                Ok((answered, _)) => answered.map(|b| http_body_util::Either::Right(body::full(b))),
+                Err(e) => return recall_failed(&e, verdict.as_ref(), record),
+            }
+        }
+        None => response.map(http_body_util::Either::Left),
     };
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -625,6 +677,24 @@ async fn forward(
         record.finish(ending);
     });
     Response::from_parts(parts, watched.reading(reader).boxed_unsync())
+}
+
+/// The proxy's answer when a recall round failed upstream: as for the
+/// first round's failure, in the route's error shape with the loss report.
+fn recall_failed(
+    error: &ProxyError,
+    verdict: Option<&Verdict>,
+    mut record: Recorder,
+) -> Response<ProxyBody> {
+    let format = verdict.map(|v| v.resolution.format);
+    let (mut response, ending) = error_response(error, format.unwrap_or_default());
+    record.upstream_failure = error.upstream_cause();
+    if let Some(v) = verdict {
+        v.write_to(response.headers_mut());
+    }
+    record.response_status = response.status().as_u16();
+    record.finish(ending);
+    response
 }
 
 /// Joins an upgraded client connection to the upgraded upstream one and

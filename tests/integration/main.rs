@@ -36,6 +36,7 @@ mod proxy_streaming;
 mod proxy_tls;
 mod proxy_transparency;
 mod proxy_upgrade;
+mod recall;
 mod relevance_cases;
 mod relevance_retention;
 mod request_shapes;
