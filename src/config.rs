@@ -260,6 +260,18 @@ pub enum SummaryTiming {
     Background,
 }
 
+/// Who decides what becomes of old tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolDecisions {
+    /// The deterministic agent passes (dedupe, prune, clip).
+    #[default]
+    Passes,
+    /// The policy's `summarizer` model judges each eligible call (`keep`,
+    /// `drop_result`, `drop_call`, seed 004) before the passes run.
+    Model,
+}
+
 /// The role of a chat completions summary message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -450,6 +462,10 @@ pub struct PolicyConfig {
     /// where those go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary_prompt: Option<String>,
+    /// `"model"`: the `summarizer` decides per eligible tool call (exact
+    /// mode, `eligible_tools` set); any failure falls back to the passes.
+    #[serde(default)]
+    pub tool_decisions: ToolDecisions,
 }
 
 fn default_reserve_tokens() -> usize {
@@ -530,6 +546,7 @@ impl Default for PolicyConfig {
             summary_instructions: String::new(),
             summary_target_tokens: 0,
             summary_prompt: None,
+            tool_decisions: ToolDecisions::Passes,
         }
     }
 }

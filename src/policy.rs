@@ -88,6 +88,8 @@ pub struct CompiledPolicy {
     pub auto_budget: Option<AutoBudget>,
     /// `strategy = "summarize"`: how this policy's summaries are written.
     pub summary: Option<Arc<SummaryPolicy>>,
+    /// `tool_decisions = "model"`: the model that judges old tool calls.
+    pub decisions: Option<Arc<crate::summarizer::Settings>>,
 }
 
 /// A policy's summaries: its summarizer, timing and prompt.
@@ -132,6 +134,7 @@ impl CompiledPolicy {
             analyses: Arc::new(AnalysisStore::new(0)),
             auto_budget: None,
             summary: None,
+            decisions: None,
         }
     }
 
@@ -172,6 +175,7 @@ impl CompiledPolicy {
             analyses: self.analyses.clone(),
             auto_budget: self.auto_budget.clone(),
             summary: self.summary.clone(),
+            decisions: self.decisions.clone(),
         }
     }
 }
@@ -438,9 +442,17 @@ impl Runtime {
                     None
                 }
             };
+            let decisions = match decision_model(p, &summarizers) {
+                Ok(decisions) => decisions,
+                Err((key, message)) => {
+                    problem(format!("policies.{name}.{key}"), message);
+                    None
+                }
+            };
             match compile_policy(name, p, &analyses) {
                 Ok(mut c) => {
                     c.summary = summary;
+                    c.decisions = decisions;
                     policies.insert(name.clone(), Arc::new(c));
                 }
                 Err(list) => {
@@ -766,6 +778,47 @@ fn summary_policy(
     })))
 }
 
+/// A policy's decision model, when `tool_decisions = "model"`: its
+/// `summarizer` (a name no section defines is reported by
+/// [`summary_policy`]), in exact mode, with the drop strategy, and with
+/// `eligible_tools` listing the tools it may judge (ReMe's allowlist: the
+/// proxy cannot tell a read-only tool by its name).
+fn decision_model(
+    p: &PolicyConfig,
+    compiled: &HashMap<String, Arc<crate::summarizer::Settings>>,
+) -> Result<Option<Arc<crate::summarizer::Settings>>, (String, String)> {
+    if p.tool_decisions != config::ToolDecisions::Model {
+        return Ok(None);
+    }
+    let Some(name) = &p.summarizer else {
+        return Err((
+            "summarizer".into(),
+            "is required with tool_decisions = \"model\": the [summarizers.<name>] that decides"
+                .into(),
+        ));
+    };
+    if p.mode != Mode::Exact {
+        return Err((
+            "tool_decisions".into(),
+            "\"model\" needs mode = \"exact\" (stable mode's prefix would follow the model's answers)".into(),
+        ));
+    }
+    if p.strategy != config::Strategy::Drop {
+        return Err((
+            "tool_decisions".into(),
+            "\"model\" needs strategy = \"drop\" (a summary replaces the calls it would judge)"
+                .into(),
+        ));
+    }
+    if p.eligible_tools.is_empty() {
+        return Err((
+            "eligible_tools".into(),
+            "must list the tools the model may judge with tool_decisions = \"model\"".into(),
+        ));
+    }
+    Ok(compiled.get(name).cloned())
+}
+
 fn compile_policy(
     name: &str,
     p: &PolicyConfig,
@@ -929,6 +982,7 @@ fn compile_policy(
                 reserve_tokens: p.reserve_tokens,
             }),
             summary: None,
+            decisions: None,
         }),
         _ => Err(problems),
     }

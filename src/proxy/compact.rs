@@ -256,7 +256,18 @@ pub fn outcome_of(
 ) -> Result<Outcome, Skip> {
     let parsed = format.parse(decoded, max_messages)?;
     refuse_agent_compaction(&parsed, policy)?;
-    let compacted = crate::compaction::compact(&parsed, policy, checkpoints);
+    Ok(outcome_of_parsed(&parsed, policy, checkpoints, None))
+}
+
+/// [`outcome_of`] for a parsed body, with a model's tool-call decisions
+/// applied first when there are some.
+pub fn outcome_of_parsed(
+    parsed: &crate::format::Parsed,
+    policy: &CompiledPolicy,
+    checkpoints: &dyn Checkpoints,
+    decided: Option<&crate::compaction::decisions::Applied>,
+) -> Outcome {
+    let compacted = crate::compaction::compact_decided(parsed, policy, checkpoints, decided);
     let mut beta = None;
     let rewritten = compacted.plan.map(|plan| {
         let body = parsed.splice(&plan);
@@ -273,12 +284,12 @@ pub fn outcome_of(
             None => body,
         })
     });
-    Ok(Outcome {
+    Outcome {
         loss: compacted.loss,
         rewritten,
         stable: compacted.stable,
         beta,
-    })
+    }
 }
 
 /// The coding agent's own compaction request is forwarded untouched

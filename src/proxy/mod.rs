@@ -41,6 +41,7 @@ pub mod admin;
 pub mod body;
 pub mod compact;
 pub mod context_compact;
+pub mod decisions;
 pub mod headers;
 pub mod server;
 pub mod state;
@@ -157,6 +158,7 @@ async fn proxy_request(
             detail: None,
             baseline: None,
             summary: None,
+            decisions: None,
         };
         return forward(
             &state,
@@ -182,6 +184,16 @@ async fn proxy_request(
             Ok(decided) => decided,
             Err(e) => return refuse(e, Some(&resolution), record),
         };
+    let (decided, tool_decisions) = decisions::apply(
+        &state,
+        &runtime,
+        &resolution,
+        &raw,
+        coding,
+        &parts.headers,
+        decided,
+    )
+    .await;
     let (decided, summary) = summaries::apply(
         &state,
         &runtime,
@@ -214,6 +226,7 @@ async fn proxy_request(
         let keep = Keep {
             report: asked,
             inspector: inspected,
+            decided: tool_decisions.as_ref().map(|d| d.applied.clone()),
         };
         schedule_report(
             &state,
@@ -257,6 +270,7 @@ async fn proxy_request(
         detail: decided.detail,
         baseline,
         summary,
+        decisions: tool_decisions,
     };
     forward(
         &state,
@@ -270,12 +284,15 @@ async fn proxy_request(
 }
 
 /// Where a computed report goes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Keep {
     /// To the live reports (`x-compaction-report: true`).
     report: bool,
     /// To the inspector, with its side-by-side view.
     inspector: bool,
+    /// The model's tool-call decisions the request applied, which the
+    /// report's compaction applies too.
+    decided: Option<Arc<crate::compaction::decisions::Applied>>,
 }
 
 /// What the inspector's list shows of a request's bill: the provider's
@@ -372,9 +389,15 @@ fn schedule_report(
         let explained = body::decode(&raw, coding, limit)
             .map_err(|_| "the body could not be decoded".to_owned())
             .and_then(|decoded| {
-                let explained =
-                    crate::explain::explain(&decoded, &policy.name, &policy, format, max_messages)
-                        .map_err(|skip| format!("not compactable: {}", skip.reason()))?;
+                let explained = crate::explain::explain_decided(
+                    &decoded,
+                    &policy.name,
+                    &policy,
+                    format,
+                    max_messages,
+                    keep.decided.as_deref(),
+                )
+                .map_err(|skip| format!("not compactable: {}", skip.reason()))?;
                 let report = keep
                     .report
                     .then(|| serde_json::to_vec(&explained.report).expect("reports serialise"));
@@ -423,6 +446,8 @@ struct Verdict {
     baseline: Option<crate::usage::Baseline>,
     /// The summary forwarded in place of older messages.
     summary: Option<crate::outcome::SummaryReport>,
+    /// The model's tool-call decisions applied (`tool_decisions = "model"`).
+    decisions: Option<decisions::DecisionReport>,
 }
 
 impl Verdict {
@@ -450,6 +475,9 @@ impl Verdict {
         }
         if let Some(summary) = &self.summary {
             headers::write_summary(headers, summary);
+        }
+        if let Some(decided) = &self.decisions {
+            headers::write_tool_decisions(headers, decided);
         }
     }
 }
