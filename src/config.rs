@@ -260,6 +260,18 @@ pub enum SummaryTiming {
     Background,
 }
 
+/// Who decides what becomes of old tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolDecisions {
+    /// The deterministic agent passes (dedupe, prune, clip).
+    #[default]
+    Passes,
+    /// The policy's `summarizer` model judges each eligible call (`keep`,
+    /// `drop_result`, `drop_call`, seed 004) before the passes run.
+    Model,
+}
+
 /// The role of a chat completions summary message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -463,6 +475,10 @@ pub struct PolicyConfig {
     /// The most bytes recall answers add to one client request's follow-ups.
     #[serde(default = "default_recall_max_added_bytes")]
     pub recall_max_added_bytes: usize,
+    /// `"model"`: the `summarizer` decides per eligible tool call (exact
+    /// mode, `eligible_tools` set); any failure falls back to the passes.
+    #[serde(default)]
+    pub tool_decisions: ToolDecisions,
 }
 
 fn default_recall_max_chars() -> usize {
@@ -557,6 +573,7 @@ impl Default for PolicyConfig {
             recall_max_chars: default_recall_max_chars(),
             recall_max_rounds: default_recall_max_rounds(),
             recall_max_added_bytes: default_recall_max_added_bytes(),
+            tool_decisions: ToolDecisions::Passes,
         }
     }
 }

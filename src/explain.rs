@@ -204,13 +204,35 @@ pub fn explain<'a, 'b>(
     format: Format,
     max_messages: usize,
 ) -> Result<Explained<'a, 'b>, Skip> {
+    explain_decided(input, name, policy, format, max_messages, None)
+}
+
+/// [`explain`] of a request whose tool calls a model decided
+/// (`tool_decisions = "model"`): the report follows what was forwarded,
+/// and each call the model judged says so (`decided_by: "model"`).
+pub fn explain_decided<'a, 'b>(
+    input: &'b [u8],
+    name: &'a str,
+    policy: &CompiledPolicy,
+    format: Format,
+    max_messages: usize,
+    decided: Option<&crate::compaction::decisions::Applied>,
+) -> Result<Explained<'a, 'b>, Skip> {
     let checkpoints = crate::compaction::stable::NoCheckpoints;
     let parsed = format.parse(input, max_messages)?;
     crate::proxy::compact::refuse_agent_compaction(&parsed, policy)?;
     // The proxy's own compaction (crate::proxy::compact::outcome_of).
-    let compacted = crate::compaction::compact(&parsed, policy, &checkpoints);
+    let compacted = crate::compaction::compact_decided(&parsed, policy, &checkpoints, decided);
     let conversation = &parsed.conversation;
-    let decisions = crate::compaction::agent::call_decisions(conversation, compacted.plan.as_ref());
+    let mut decisions =
+        crate::compaction::agent::call_decisions(conversation, compacted.plan.as_ref());
+    if let Some(decided) = decided {
+        for d in &mut decisions {
+            if decided.applied.iter().any(|(id, _)| *id == d.id) {
+                d.decided_by = Some("model");
+            }
+        }
+    }
     let outcome = crate::outcome::Outcome {
         loss: compacted.loss,
         rewritten: compacted
@@ -226,7 +248,7 @@ pub fn explain<'a, 'b>(
     // it: at the char budget its last round used (a token budget scales it).
     let mut at_budget = policy.clone();
     at_budget.engine.budget_chars = compacted.budget_chars;
-    let (_, _, report) = crate::compaction::run_passes(&parsed, &at_budget);
+    let (_, _, report) = crate::compaction::run_passes_decided(&parsed, &at_budget, decided);
     let mut lines = fates(&report, &roles);
     for line in &mut lines {
         // The format's own reason to keep it whole says more than "pinned".

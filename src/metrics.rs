@@ -116,6 +116,8 @@ pub struct Metrics {
     summary_store_errors: IntCounterVec,
     /// Recall's counters (`recall = true`).
     recall: RecallCounters,
+    tool_decisions: IntCounterVec,
+    tool_decision_fallbacks: IntCounterVec,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
     /// watches for connections that are never let go.
     tasks: IntGauge,
@@ -407,6 +409,16 @@ impl Metrics {
             "Summary store commands to Redis that failed or timed out, by operation (connect, get, put); the store then serves from this process alone.",
             &["operation"],
         );
+        let tool_decisions = counter(
+            "tool_decisions_total",
+            "Tool calls a decision model judged (tool_decisions = \"model\"), by policy and the action applied: keep, drop_result, drop_call.",
+            &["policy", "action"],
+        );
+        let tool_decision_fallbacks = counter(
+            "tool_decision_fallbacks_total",
+            "Requests of a tool_decisions = \"model\" policy compacted by the deterministic passes because the decisions could not be had, by policy and reason.",
+            &["policy", "reason"],
+        );
         let float_counter = |name: &str, help: &str| {
             let c = CounterVec::new(
                 Opts::new(format!("compaction_proxy_{name}"), help),
@@ -447,6 +459,8 @@ impl Metrics {
         };
         Metrics {
             recall,
+            tool_decisions,
+            tool_decision_fallbacks,
             summary_store_errors,
             summarizer_tokens,
             summarize_fallbacks,
@@ -651,6 +665,27 @@ impl Metrics {
     /// (a [`crate::summarizer::SummarizeError::reason`]: bounded).
     pub fn summarize_fallback(&self, policy: &str, reason: &'static str) {
         self.summarize_fallbacks
+            .with_label_values(&[policy, reason])
+            .inc();
+    }
+
+    /// Counts the decisions applied to one request's tool calls.
+    pub fn tool_decisions(
+        &self,
+        policy: &str,
+        applied: &[(String, crate::compaction::decisions::Action)],
+    ) {
+        for (_, action) in applied {
+            self.tool_decisions
+                .with_label_values(&[policy, action.as_str()])
+                .inc();
+        }
+    }
+
+    /// Counts one request whose model decisions fell back to the passes,
+    /// by its reason (a [`crate::summarizer::SummarizeError::reason`]).
+    pub fn tool_decision_fallback(&self, policy: &str, reason: &'static str) {
+        self.tool_decision_fallbacks
             .with_label_values(&[policy, reason])
             .inc();
     }

@@ -26,6 +26,9 @@ pub enum Status {
     /// Compacted by the engine because the policy's summary could not be
     /// had (`compacted; summarize-fallback`).
     SummarizeFallback,
+    /// Compacted by the deterministic passes because the policy's model
+    /// decisions could not be had (`compacted; decisions-fallback`).
+    DecisionsFallback,
     /// Forwarded as received: it fit the budget (or stayed below every trigger).
     Unchanged,
     Skipped(&'static str),
@@ -40,7 +43,9 @@ impl Status {
     /// The metric label (no skip reason, to keep it bounded).
     pub fn label(self) -> &'static str {
         match self {
-            Status::Compacted | Status::SummarizeFallback => "compacted",
+            Status::Compacted | Status::SummarizeFallback | Status::DecisionsFallback => {
+                "compacted"
+            }
             Status::Unchanged => "unchanged",
             Status::Skipped(_) => "skipped",
             Status::Bypassed => "bypassed",
@@ -57,7 +62,7 @@ impl Status {
     /// Position in a per-status array of series.
     pub(crate) fn index(self) -> usize {
         match self {
-            Status::Compacted | Status::SummarizeFallback => 0,
+            Status::Compacted | Status::SummarizeFallback | Status::DecisionsFallback => 0,
             Status::Unchanged => 1,
             Status::Skipped(_) => 2,
             Status::Bypassed => 3,
@@ -73,6 +78,7 @@ impl std::fmt::Display for Status {
             Status::Skipped(reason) => write!(f, "skipped; {reason}"),
             Status::Refused(reason) => write!(f, "refused; {reason}"),
             Status::SummarizeFallback => f.write_str("compacted; summarize-fallback"),
+            Status::DecisionsFallback => f.write_str("compacted; decisions-fallback"),
             other => f.write_str(other.label()),
         }
     }
@@ -81,7 +87,10 @@ impl std::fmt::Display for Status {
 impl Status {
     /// Whether the rewritten body is forwarded.
     pub fn is_compacted(self) -> bool {
-        matches!(self, Status::Compacted | Status::SummarizeFallback)
+        matches!(
+            self,
+            Status::Compacted | Status::SummarizeFallback | Status::DecisionsFallback
+        )
     }
 }
 

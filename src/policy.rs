@@ -90,6 +90,8 @@ pub struct CompiledPolicy {
     pub summary: Option<Arc<SummaryPolicy>>,
     /// `recall = true`: markers with recall ids, and their limits.
     pub recall: Option<crate::compaction::recall::RecallLimits>,
+    /// `tool_decisions = "model"`: the model that judges old tool calls.
+    pub decisions: Option<Arc<crate::summarizer::Settings>>,
 }
 
 /// A policy's summaries: its summarizer, timing and prompt.
@@ -135,6 +137,7 @@ impl CompiledPolicy {
             auto_budget: None,
             summary: None,
             recall: None,
+            decisions: None,
         }
     }
 
@@ -176,6 +179,7 @@ impl CompiledPolicy {
             auto_budget: self.auto_budget.clone(),
             summary: self.summary.clone(),
             recall: self.recall,
+            decisions: self.decisions.clone(),
         }
     }
 }
@@ -442,9 +446,17 @@ impl Runtime {
                     None
                 }
             };
+            let decisions = match decision_model(p, &summarizers) {
+                Ok(decisions) => decisions,
+                Err((key, message)) => {
+                    problem(format!("policies.{name}.{key}"), message);
+                    None
+                }
+            };
             match compile_policy(name, p, &analyses) {
                 Ok(mut c) => {
                     c.summary = summary;
+                    c.decisions = decisions;
                     policies.insert(name.clone(), Arc::new(c));
                 }
                 Err(list) => {
@@ -770,6 +782,47 @@ fn summary_policy(
     })))
 }
 
+/// A policy's decision model, when `tool_decisions = "model"`: its
+/// `summarizer` (a name no section defines is reported by
+/// [`summary_policy`]), in exact mode, with the drop strategy, and with
+/// `eligible_tools` listing the tools it may judge (ReMe's allowlist: the
+/// proxy cannot tell a read-only tool by its name).
+fn decision_model(
+    p: &PolicyConfig,
+    compiled: &HashMap<String, Arc<crate::summarizer::Settings>>,
+) -> Result<Option<Arc<crate::summarizer::Settings>>, (String, String)> {
+    if p.tool_decisions != config::ToolDecisions::Model {
+        return Ok(None);
+    }
+    let Some(name) = &p.summarizer else {
+        return Err((
+            "summarizer".into(),
+            "is required with tool_decisions = \"model\": the [summarizers.<name>] that decides"
+                .into(),
+        ));
+    };
+    if p.mode != Mode::Exact {
+        return Err((
+            "tool_decisions".into(),
+            "\"model\" needs mode = \"exact\" (stable mode's prefix would follow the model's answers)".into(),
+        ));
+    }
+    if p.strategy != config::Strategy::Drop {
+        return Err((
+            "tool_decisions".into(),
+            "\"model\" needs strategy = \"drop\" (a summary replaces the calls it would judge)"
+                .into(),
+        ));
+    }
+    if p.eligible_tools.is_empty() {
+        return Err((
+            "eligible_tools".into(),
+            "must list the tools the model may judge with tool_decisions = \"model\"".into(),
+        ));
+    }
+    Ok(compiled.get(name).cloned())
+}
+
 fn compile_policy(
     name: &str,
     p: &PolicyConfig,
@@ -938,6 +991,7 @@ fn compile_policy(
                 max_rounds: p.recall_max_rounds,
                 max_added_bytes: p.recall_max_added_bytes,
             }),
+            decisions: None,
         }),
         _ => Err(problems),
     }

@@ -314,6 +314,10 @@ pub struct CallDecision {
     /// decision is about its results.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub arguments_clipped: bool,
+    /// `"model"` when a decision model judged the call
+    /// (`tool_decisions = "model"`); absent for the passes' own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<&'static str>,
     /// The item making the call.
     #[serde(skip)]
     pub item: usize,
@@ -403,6 +407,7 @@ pub fn call_decisions(
                 decision,
                 arguments_clipped: planned[i]
                     .is_some_and(|p| p.arguments.iter().any(|(c, _)| *c == pos)),
+                decided_by: None,
                 item: i,
                 results,
             });

@@ -22,6 +22,7 @@
 pub mod agent;
 pub mod budget;
 pub mod recall;
+pub mod decisions;
 pub mod relevant;
 pub mod stable;
 pub mod summary;
@@ -177,6 +178,17 @@ pub fn compact(
     policy: &CompiledPolicy,
     checkpoints: &dyn stable::Checkpoints,
 ) -> Compacted {
+    compact_decided(parsed, policy, checkpoints, None)
+}
+
+/// [`compact`], with a model's tool-call decisions ([`decisions`]) applied
+/// before the agent passes (exact mode; stable mode ignores them).
+pub fn compact_decided(
+    parsed: &Parsed,
+    policy: &CompiledPolicy,
+    checkpoints: &dyn stable::Checkpoints,
+    decided: Option<&decisions::Applied>,
+) -> Compacted {
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
     let total = conversation.total_chars();
@@ -211,7 +223,7 @@ pub fn compact(
             tokens: budget_tokens,
             chars: budget_chars,
         };
-        return compact_to_tokens(parsed, policy, encoding, budgets, triggered);
+        return compact_to_tokens(parsed, policy, encoding, budgets, triggered, decided);
     }
     // Stable mode replays within the token budget as well.
     let stable_tokens = token_budget
@@ -232,7 +244,7 @@ pub fn compact(
             if total <= budget || !triggered {
                 (None, None)
             } else {
-                let (plan, done, report) = run_passes(parsed, policy);
+                let (plan, done, report) = run_passes_decided(parsed, policy, decided);
                 edits = done;
                 deduped = report.stages.dedupe.removed_messages;
                 (plan, None)
@@ -328,6 +340,7 @@ fn compact_to_tokens(
     encoding: tokens::Encoding,
     budgets: Budgets,
     triggered: bool,
+    decided: Option<&decisions::Applied>,
 ) -> Compacted {
     let conversation = &parsed.conversation;
     let total = conversation.total_chars();
@@ -365,7 +378,7 @@ fn compact_to_tokens(
         let (plan, edits, deduped) = if total <= chars_budget {
             (None, agent::AgentEdits::default(), 0)
         } else {
-            let (plan, edits, report) = run_passes(parsed, &round);
+            let (plan, edits, report) = run_passes_decided(parsed, &round, decided);
             (plan, edits, report.stages.dedupe.removed_messages)
         };
         let plan = plan.map(|mut plan| {
@@ -408,6 +421,17 @@ pub fn run_passes(
     parsed: &Parsed,
     policy: &CompiledPolicy,
 ) -> (Option<Plan>, agent::AgentEdits, Report) {
+    run_passes_decided(parsed, policy, None)
+}
+
+/// [`run_passes`] after a model's tool-call decisions: their cuts come
+/// first, the passes leave the calls they cover alone, and the units they
+/// drop go whatever the engine keeps.
+pub fn run_passes_decided(
+    parsed: &Parsed,
+    policy: &CompiledPolicy,
+    decided: Option<&decisions::Applied>,
+) -> (Option<Plan>, agent::AgentEdits, Report) {
     let conversation = &parsed.conversation;
     let mut messages = engine_messages(conversation, policy);
     let mut protected = protected_items(conversation, policy);
@@ -415,13 +439,37 @@ pub fn run_passes(
     if policy.agent.any_pass() && conversation.total_chars() > policy.engine.budget_chars {
         found = protect_relevant(conversation, &messages, policy, &mut protected);
     }
+    let decided = decided.filter(|d| d.dropped.len() == conversation.items.len());
+    let with_decisions;
+    let seen_by_passes = match decided {
+        Some(d) => {
+            let mut seen = d.edits.apply(conversation);
+            for (item, &dropped) in seen.items.iter_mut().zip(&d.dropped) {
+                if dropped {
+                    item.text.clear();
+                    item.fixed_chars = 0;
+                }
+            }
+            for (p, &covered) in protected.iter_mut().zip(&d.decided) {
+                *p = *p || covered;
+            }
+            with_decisions = seen;
+            &with_decisions
+        }
+        None => conversation,
+    };
     let mut edits = agent::run(
-        conversation,
+        seen_by_passes,
         &protected,
         policy.engine.budget_chars,
         &policy.agent,
         &|item, call| parsed.can_replace_arguments(item, call),
     );
+    if let Some(d) = decided {
+        for (&i, edit) in &d.edits.texts {
+            edits.texts.insert(i, edit.clone());
+        }
+    }
     if let Some(found) = &found {
         relevant::prune_around_matches(conversation, found, &mut edits);
     }
@@ -439,7 +487,10 @@ pub fn run_passes(
     let excluded = agent::excluded_items(conversation, &policy.agent);
     // Pins come from the items as they came, not from the edited text.
     for (i, (m, item)) in messages.iter_mut().zip(&edited.items).enumerate() {
-        if excluded[i] {
+        if decided.is_some_and(|d| d.dropped[i]) {
+            m.content = String::new();
+            m.fixed_chars = 0;
+        } else if excluded[i] {
             m.content = String::new();
             m.fixed_chars = item.chars();
         } else {
@@ -451,6 +502,9 @@ pub fn run_passes(
     }
     let report = engine::compact_cached(&messages, &item_policy(edited, policy), &*policy.analyses);
     let mut plan = plan_of(&report);
+    if let Some(d) = decided {
+        plan.items.retain(|p| !d.dropped[p.index]);
+    }
     for p in &mut plan.items {
         if excluded[p.index] {
             p.text = None;

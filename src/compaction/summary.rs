@@ -145,6 +145,8 @@ fn place(conversation: &Conversation, plan: Plan, removed: Vec<usize>, format: F
     {
         insert_at = 0;
     }
+    let mut plan = plan;
+    strip_after_summary(conversation, &mut plan, &removed, insert_at);
     Removal {
         removed,
         plan,
@@ -152,11 +154,47 @@ fn place(conversation: &Conversation, plan: Plan, removed: Vec<usize>, format: F
     }
 }
 
-/// The preserved-thinking rule for summaries: a hook that takes out of
-/// `removed` what must stay verbatim for the API's thinking checks. The
-/// tail and whole tool groups already keep the latest assistant turn with
-/// its thinking; the engine's own rule for deterministic cuts, once it has
-/// one, applies here as well.
+/// The preserved-thinking rule ([`super::thinking`]) for a summary: every
+/// kept turn after the summary, or after the first replaced item, sees a
+/// prefix the model never saw, so it loses its reasoning blocks; the last
+/// turn of an open tool loop keeps them marked stale (the proxy then asks
+/// the API to drop them). Turns before both keep theirs.
+fn strip_after_summary(
+    conversation: &Conversation,
+    plan: &mut Plan,
+    removed: &[usize],
+    insert_at: usize,
+) {
+    let items = &conversation.items;
+    let Some(&first_removed) = removed.first() else {
+        return;
+    };
+    if !plan.items.iter().any(|p| items[p.index].thinking.is_some()) {
+        return;
+    }
+    let changed_from = plan
+        .items
+        .iter()
+        .position(|p| p.index > first_removed)
+        .unwrap_or(plan.items.len())
+        .min(insert_at);
+    let open = super::thinking::open_loop_turn(plan.items.iter().map(|p| &items[p.index]));
+    for (position, planned) in plan.items.iter_mut().enumerate().skip(changed_from) {
+        if items[planned.index].thinking.is_none() {
+            continue;
+        }
+        planned.thinking = if Some(position) == open {
+            crate::format::Reasoning::Stale
+        } else {
+            crate::format::Reasoning::Stripped
+        };
+    }
+}
+
+/// What must stay out of `removed` for the API's thinking checks: nothing
+/// more than the tail and whole tool groups already keep (the latest
+/// assistant turn with its thinking). The kept turns after a summary lose
+/// their reasoning in [`place`] instead, as after any other cut.
 pub fn respect_preserved_thinking(_conversation: &Conversation, _removed: &mut Vec<usize>) {}
 
 /// The summary message as an element of the format's compacted array.

@@ -256,14 +256,26 @@ pub fn outcome_of(
 ) -> Result<Outcome, Skip> {
     let parsed = format.parse(decoded, max_messages)?;
     refuse_agent_compaction(&parsed, policy)?;
-    let mut compacted = crate::compaction::compact(&parsed, policy, checkpoints);
+    Ok(outcome_of_parsed(&parsed, policy, checkpoints, None))
+}
+
+/// [`outcome_of`] for a parsed body, with a model's tool-call decisions
+/// applied first when there are some.
+pub fn outcome_of_parsed(
+    parsed: &crate::format::Parsed,
+    policy: &CompiledPolicy,
+    checkpoints: &dyn Checkpoints,
+    decided: Option<&crate::compaction::decisions::Applied>,
+) -> Outcome {
+    let format = parsed.format;
+    let mut compacted = crate::compaction::compact_decided(parsed, policy, checkpoints, decided);
     let mut beta = None;
     let mut marked = None;
     let rewritten = compacted.plan.map(|mut plan| {
         let body = match policy.recall {
             Some(_) => {
                 // `recall = true`: a marker with its id wherever the plan cut.
-                let m = crate::compaction::recall::mark(&parsed, &mut plan);
+                let m = crate::compaction::recall::mark(parsed, &mut plan);
                 let body = parsed.splice_inserting_all(&plan, &m.inserts);
                 marked = Some(m);
                 body
@@ -301,12 +313,12 @@ pub fn outcome_of(
                 crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
         }
     }
-    Ok(Outcome {
+    Outcome {
         loss: compacted.loss,
         rewritten,
         stable: compacted.stable,
         beta,
-    })
+    }
 }
 
 /// The coding agent's own compaction request is forwarded untouched

@@ -25,10 +25,10 @@ use super::summaries::prefix_keys;
 use super::AppState;
 use crate::policy::SummaryPolicy;
 use crate::store::StoredSummary;
-use crate::summarizer::client::{CallerKey, HttpSummarizer};
-use crate::summarizer::mapreduce::{self, estimate_tokens, Limits};
+use crate::summarizer::client::CallerKey;
+use crate::summarizer::mapreduce::estimate_tokens;
 use crate::summarizer::prompt::{self, PromptSettings};
-use crate::summarizer::{Summarize, SummarizeError};
+use crate::summarizer::SummarizeError;
 
 pub const PATH: &str = "/1/unstable/context/compact";
 
@@ -466,31 +466,23 @@ async fn answer(state: &Arc<AppState>, request: Request<Incoming>) -> Result<Val
         Some(found) => (found, false),
         None => {
             let settings = policy.summarizer.clone();
-            let summarizer: Arc<dyn Summarize> = Arc::new(HttpSummarizer {
-                client: state.summarizer_client.clone(),
-                settings: settings.clone(),
+            let written = crate::summarizer::summarize_within(
+                &state.summarizer_client,
+                settings.clone(),
                 caller,
-            });
-            let limits = Limits {
-                window_tokens: settings.window_tokens,
-                max_output_tokens: settings.max_output_tokens,
-                max_concurrency: settings.max_concurrency,
-                max_chunks: settings.max_chunks,
-                max_passes: settings.max_passes,
-            };
-            let work = mapreduce::summarize(summarizer, &entries, &policy.prompt, limits);
-            let written = tokio::time::timeout(settings.timeout, work)
-                .await
-                .map_err(|_| Refused::Summarizer(SummarizeError::Timeout))?
-                .map_err(|e| {
-                    if e.is_over_limits() {
-                        Refused::OverLimits(format!(
-                            "the conversation cannot be summarized within the limits: {e}"
-                        ))
-                    } else {
-                        Refused::Summarizer(e)
-                    }
-                })?;
+                &entries,
+                &policy.prompt,
+            )
+            .await
+            .map_err(|e| {
+                if e.is_over_limits() {
+                    Refused::OverLimits(format!(
+                        "the conversation cannot be summarized within the limits: {e}"
+                    ))
+                } else {
+                    Refused::Summarizer(e)
+                }
+            })?;
             state
                 .metrics
                 .summarizer_tokens("context-compact", &settings.name, written.usage);

@@ -156,6 +156,39 @@ pub fn write_summary(headers: &mut HeaderMap, summary: &crate::outcome::SummaryR
     );
 }
 
+/// The model's tool-call decisions a request applied: their counts, where
+/// they came from, and the decision model's tokens spent on this request.
+pub(crate) fn write_tool_decisions(
+    headers: &mut HeaderMap,
+    decided: &super::decisions::DecisionReport,
+) {
+    if let Ok(counts) = HeaderValue::try_from(decided.counts()) {
+        headers.insert(
+            HeaderName::from_static("x-compaction-tool-decisions"),
+            counts,
+        );
+    }
+    headers.insert(
+        HeaderName::from_static("x-compaction-tool-decisions-source"),
+        HeaderValue::from_static(decided.source),
+    );
+    let numbers = [
+        (
+            "x-compaction-tool-decisions-prompt-tokens",
+            decided.usage.prompt_tokens,
+        ),
+        (
+            "x-compaction-tool-decisions-completion-tokens",
+            decided.usage.completion_tokens,
+        ),
+    ];
+    for (name, value) in numbers {
+        if let Some(value) = value {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
+        }
+    }
+}
+
 pub fn write_loss_report(
     headers: &mut HeaderMap,
     status: Status,
@@ -164,9 +197,10 @@ pub fn write_loss_report(
 ) {
     headers.reserve(if loss.is_some() { 17 } else { 2 });
     let status = match status {
-        Status::Skipped(_) | Status::Refused(_) | Status::SummarizeFallback => {
-            HeaderValue::try_from(status.header())
-        }
+        Status::Skipped(_)
+        | Status::Refused(_)
+        | Status::SummarizeFallback
+        | Status::DecisionsFallback => HeaderValue::try_from(status.header()),
         other => Ok(HeaderValue::from_static(other.label())),
     };
     if let Ok(status) = status {

@@ -41,6 +41,7 @@ pub mod admin;
 pub mod body;
 pub mod compact;
 pub mod context_compact;
+pub mod decisions;
 pub mod headers;
 pub mod recall;
 pub mod server;
@@ -159,6 +160,7 @@ async fn proxy_request(
             baseline: None,
             summary: None,
             recall: None,
+            decisions: None,
         };
         return forward(
             &state,
@@ -184,6 +186,16 @@ async fn proxy_request(
             Ok(decided) => decided,
             Err(e) => return refuse(e, Some(&resolution), record),
         };
+    let (decided, tool_decisions) = decisions::apply(
+        &state,
+        &runtime,
+        &resolution,
+        &raw,
+        coding,
+        &parts.headers,
+        decided,
+    )
+    .await;
     let (decided, summary) = summaries::apply(
         &state,
         &runtime,
@@ -216,6 +228,7 @@ async fn proxy_request(
         let keep = Keep {
             report: asked,
             inspector: inspected,
+            decided: tool_decisions.as_ref().map(|d| d.applied.clone()),
         };
         schedule_report(
             &state,
@@ -274,6 +287,7 @@ async fn proxy_request(
         baseline,
         summary,
         recall,
+        decisions: tool_decisions,
     };
     forward(
         &state,
@@ -287,12 +301,15 @@ async fn proxy_request(
 }
 
 /// Where a computed report goes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Keep {
     /// To the live reports (`x-compaction-report: true`).
     report: bool,
     /// To the inspector, with its side-by-side view.
     inspector: bool,
+    /// The model's tool-call decisions the request applied, which the
+    /// report's compaction applies too.
+    decided: Option<Arc<crate::compaction::decisions::Applied>>,
 }
 
 /// What the inspector's list shows of a request's bill: the provider's
@@ -389,9 +406,15 @@ fn schedule_report(
         let explained = body::decode(&raw, coding, limit)
             .map_err(|_| "the body could not be decoded".to_owned())
             .and_then(|decoded| {
-                let explained =
-                    crate::explain::explain(&decoded, &policy.name, &policy, format, max_messages)
-                        .map_err(|skip| format!("not compactable: {}", skip.reason()))?;
+                let explained = crate::explain::explain_decided(
+                    &decoded,
+                    &policy.name,
+                    &policy,
+                    format,
+                    max_messages,
+                    keep.decided.as_deref(),
+                )
+                .map_err(|skip| format!("not compactable: {}", skip.reason()))?;
                 let report = keep
                     .report
                     .then(|| serde_json::to_vec(&explained.report).expect("reports serialise"));
@@ -443,6 +466,8 @@ struct Verdict {
     /// `recall = true` with markers forwarded: the tool's answerer, or why
     /// the tool did not go.
     recall: Option<Result<recall::Active, recall::Note>>,
+    /// The model's tool-call decisions applied (`tool_decisions = "model"`).
+    decisions: Option<decisions::DecisionReport>,
 }
 
 impl Verdict {
@@ -473,6 +498,9 @@ impl Verdict {
         }
         if let Some(Err(note)) = &self.recall {
             note.write_to(headers);
+        }
+        if let Some(decided) = &self.decisions {
+            headers::write_tool_decisions(headers, decided);
         }
     }
 }

@@ -36,9 +36,8 @@ use crate::format::Parsed;
 use crate::outcome::{Outcome, Status, SummaryReport};
 use crate::policy::{Resolution, Runtime, SummaryPolicy};
 use crate::store::{Key, StoredSummary};
-use crate::summarizer::client::{CallerKey, HttpSummarizer};
-use crate::summarizer::mapreduce::{self, Limits};
-use crate::summarizer::{prompt, Summarize, SummarizeError};
+use crate::summarizer::client::CallerKey;
+use crate::summarizer::{prompt, SummarizeError};
 
 /// Applies a summarizing policy to a decided body; anything else passes
 /// as it came. Never fails: what cannot be summarized stays the engine's.
@@ -113,6 +112,15 @@ pub(super) async fn apply(
     };
     let item = summary::summary_item(format, summary_policy.role, &stored.id, &stored.text);
     let rewritten = summary::splice(&parsed, &job.removal, &item);
+    // The last turn of an open tool loop after the summary keeps its stale
+    // reasoning (the API requires it there): ask the API to drop it.
+    let asked = (job.removal.plan.has_stale_thinking() && policy.thinking_drop_block)
+        .then(|| crate::format::anthropic::ask_to_drop_stale_thinking(&rewritten))
+        .flatten();
+    let beta = asked
+        .is_some()
+        .then_some(crate::format::anthropic::THINKING_BINDING_BETA);
+    let rewritten = asked.unwrap_or(rewritten);
     let loss = summary::loss(
         &parsed.conversation,
         &job.removal,
@@ -138,8 +146,7 @@ pub(super) async fn apply(
         loss,
         rewritten: Some(bytes::Bytes::from(rewritten)),
         stable: outcome.stable,
-        // A summary replaces the turns whose reasoning could go stale.
-        beta: None,
+        beta,
     };
     let seconds = decided.seconds.map(|s| s + started.elapsed().as_secs_f64());
     (
@@ -317,12 +324,6 @@ impl Job {
         if let Some(found) = state.summary_store.get(self.key()).await {
             return Ok((found, false));
         }
-        let settings = self.policy.summarizer.clone();
-        let summarizer: Arc<dyn Summarize> = Arc::new(HttpSummarizer {
-            client: state.summarizer_client.clone(),
-            settings: settings.clone(),
-            caller,
-        });
         let entries: Vec<String> = match self.longest_ready_prefix(state) {
             Some((previous, key)) => {
                 let covered = self.prefix_keys.iter().position(|&k| k == key).unwrap_or(0) + 1;
@@ -332,17 +333,14 @@ impl Job {
             }
             None => self.entries.to_vec(),
         };
-        let limits = Limits {
-            window_tokens: settings.window_tokens,
-            max_output_tokens: settings.max_output_tokens,
-            max_concurrency: settings.max_concurrency,
-            max_chunks: settings.max_chunks,
-            max_passes: settings.max_passes,
-        };
-        let work = mapreduce::summarize(summarizer, &entries, &self.policy.prompt, limits);
-        let written = tokio::time::timeout(settings.timeout, work)
-            .await
-            .map_err(|_| SummarizeError::Timeout)??;
+        let written = crate::summarizer::summarize_within(
+            &state.summarizer_client,
+            self.policy.summarizer.clone(),
+            caller,
+            &entries,
+            &self.policy.prompt,
+        )
+        .await?;
         let stored = StoredSummary {
             id: self.key().hex()[..12].to_owned(),
             text: written.text,

@@ -27,6 +27,19 @@ pub struct Limits {
     pub max_passes: usize,
 }
 
+impl Limits {
+    /// A summarizer section's limits.
+    pub fn of(settings: &super::Settings) -> Limits {
+        Limits {
+            window_tokens: settings.window_tokens,
+            max_output_tokens: settings.max_output_tokens,
+            max_concurrency: settings.max_concurrency,
+            max_chunks: settings.max_chunks,
+            max_passes: settings.max_passes,
+        }
+    }
+}
+
 /// What one summary took.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {

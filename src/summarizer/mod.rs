@@ -17,6 +17,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod client;
+pub mod decisions;
 pub mod mapreduce;
 pub mod prompt;
 pub mod responses;
@@ -155,6 +156,13 @@ pub enum SummarizeError {
     TooManyChunks { needed: usize, allowed: usize },
     #[error("the chunk summaries did not merge into one within {0} passes")]
     NoConvergence(usize),
+    /// A decision answer in the right shape that does not decide each
+    /// candidate exactly once (`tool_decisions = "model"`).
+    #[error("the decisions do not match the candidates: {0}")]
+    InvalidDecisions(String),
+    /// The decision model's observation does not fit its window.
+    #[error("the observation needs {needed} chars, more than the {room} that fit")]
+    ObservationTooLarge { needed: usize, room: usize },
 }
 
 impl SummarizeError {
@@ -169,6 +177,8 @@ impl SummarizeError {
             SummarizeError::Credentials(_) => "credentials",
             SummarizeError::TooManyChunks { .. } => "too-many-chunks",
             SummarizeError::NoConvergence(_) => "no-convergence",
+            SummarizeError::InvalidDecisions(_) => "invalid-decisions",
+            SummarizeError::ObservationTooLarge { .. } => "too-large",
         }
     }
 
@@ -189,6 +199,46 @@ pub type SummaryFuture<'a> =
 /// A model that writes one summary per request.
 pub trait Summarize: Send + Sync {
     fn summarize<'a>(&'a self, request: &'a SummaryRequest) -> SummaryFuture<'a>;
+}
+
+/// Summarizes `entries` with the summarizer `settings` name, within its
+/// total deadline (`timeout_secs`, every map-reduce call included): the
+/// one path from a transcript to a summary, shared by the proxy's
+/// summaries and the context-compact API, so a deadline is always
+/// [`SummarizeError::Timeout`] and every other failure keeps its own
+/// [`SummarizeError::reason`].
+pub async fn summarize_within(
+    client: &client::HttpClient,
+    settings: std::sync::Arc<Settings>,
+    caller: client::CallerKey,
+    entries: &[String],
+    prompt: &prompt::PromptSettings,
+) -> Result<mapreduce::Written, SummarizeError> {
+    let summarizer: std::sync::Arc<dyn Summarize> = std::sync::Arc::new(client::HttpSummarizer {
+        client: client.clone(),
+        settings: settings.clone(),
+        caller,
+    });
+    within(
+        settings.timeout,
+        mapreduce::summarize(
+            summarizer,
+            entries,
+            prompt,
+            mapreduce::Limits::of(&settings),
+        ),
+    )
+    .await
+}
+
+/// `work` within `deadline`; past it, [`SummarizeError::Timeout`].
+pub async fn within<T>(
+    deadline: Duration,
+    work: impl Future<Output = Result<T, SummarizeError>>,
+) -> Result<T, SummarizeError> {
+    tokio::time::timeout(deadline, work)
+        .await
+        .map_err(|_| SummarizeError::Timeout)?
 }
 
 /// What every format's reader checks of the text it found: something is

@@ -46,6 +46,7 @@ mod stable_mode;
 mod stable_relevance;
 mod summaries;
 mod summary_redis;
+mod tool_decisions;
 mod upstream_pool;
 mod usage_billing;
 mod usage_estimate;

@@ -131,6 +131,8 @@ struct Session {
     statuses: Vec<String>,
     stripped: usize,
     rebased: usize,
+    /// Requests forwarded with a summary (`strategy = "summarize"`).
+    summaries: usize,
 }
 
 /// A 40-turn tool loop through a proxy with `policy`, streamed or not.
@@ -146,6 +148,7 @@ async fn run_session(policy: &str, stream: bool) -> (Session, Arc<Mutex<Seen>>) 
         statuses: Vec::new(),
         stripped: 0,
         rebased: 0,
+        summaries: 0,
     };
     for turn in 0..40 {
         let body = json!({
@@ -175,6 +178,7 @@ async fn run_session(policy: &str, stream: bool) -> (Session, Arc<Mutex<Seen>>) 
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0);
         session.rebased += usize::from(answer.header("x-compaction-rebased") == Some("true"));
+        session.summaries += usize::from(answer.header("x-compaction-summary-id").is_some());
         // A streaming client assembles the message from the events; the
         // mock's own copy is the same message.
         let message = if stream {
@@ -281,4 +285,41 @@ async fn the_mock_refuses_a_block_whose_prefix_changed() {
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
     ]});
     assert!(open_loop_rule(&open).is_err());
+}
+
+/// A summary replaces earlier messages: the turns kept after it lose their
+/// reasoning (the open loop's last turn is asked to be dropped), so no
+/// request with a summary fails the prefix check either.
+async fn check_summaries(mode: &str) {
+    use crate::summaries::{MockSummarizer, Mode};
+    let summarizer = MockSummarizer::start("chat", Mode::Canned).await;
+    let policy = format!(
+        "mode = \"{mode}\"\n{CUTS}\nstrategy = \"summarize\"\nsummarizer = \"mock\"\n\
+         [summarizers.mock]\nurl = \"{}\"\nformat = \"chat\"\nmodel = \"mini\"\ntimeout_secs = 5\n",
+        summarizer.url()
+    );
+    let (session, seen) = run_session(&policy, false).await;
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.refused.is_empty(),
+        "{mode}: refused {:?}",
+        seen.refused
+    );
+    assert_eq!(seen.answered, 40);
+    assert!(
+        session.summaries >= 10,
+        "{mode}: {} requests with a summary ({:?})",
+        session.summaries,
+        session.statuses
+    );
+    assert!(summarizer.calls() > 0);
+    assert!(
+        seen.dropped > 0,
+        "{mode}: the open loop's stale turn was never asked to be dropped"
+    );
+}
+
+#[tokio::test]
+async fn summaries_in_exact_mode_never_fail_the_prefix_check() {
+    check_summaries("exact").await;
 }

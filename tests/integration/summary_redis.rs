@@ -197,3 +197,98 @@ async fn requests_still_succeed_when_redis_stops_and_the_metric_shows_it() {
         "{ready}"
     );
 }
+
+/// A `compaction-proxy serve` process of the real binary, killed on drop.
+struct ProxyProcess {
+    child: Child,
+    port: u16,
+}
+
+impl ProxyProcess {
+    async fn start(toml: &str) -> ProxyProcess {
+        let config = crate::support::temp_file("config.toml", toml.as_bytes());
+        let port = unused_addr().await.port();
+        let child = Command::new(env!("CARGO_BIN_EXE_compaction-proxy"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--config", config.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the binary starts");
+        let up = wait_until(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .await;
+        assert!(up, "the proxy listens");
+        ProxyProcess { child, port }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    async fn text(&self, path: &str) -> String {
+        let answer = send(
+            Request::get(self.url(path))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+        String::from_utf8(answer.body.to_vec()).unwrap()
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxy_processes_share_summaries_through_redis_and_survive_its_stop() {
+    let Some(mut redis) = Redis::start("two_proxy_processes_share_summaries").await else {
+        return;
+    };
+    let summarizer = MockSummarizer::start("chat", Mode::Canned).await;
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let toml = format!(
+        "[upstream]\nurl = \"{}\"\n{}",
+        upstream.url(),
+        config(&summarizer.url(), &redis.url())
+    );
+    let one = ProxyProcess::start(&toml).await;
+    let two = ProxyProcess::start(&toml).await;
+    let shared = body("processes");
+    let first = send(post(one.url("/v1/chat/completions"), &shared)).await;
+    assert_eq!(first.header("x-compaction-summary-source"), Some("model"));
+    let second = send(post(two.url("/v1/chat/completions"), &shared)).await;
+    assert_eq!(second.header("x-compaction-summary-source"), Some("store"));
+    assert_eq!(
+        second.header("x-compaction-summary-id"),
+        first.header("x-compaction-summary-id")
+    );
+    assert_eq!(summarizer.calls(), 1, "the second process read Redis");
+    let received = upstream.received();
+    assert_eq!(received.len(), 2);
+    assert_eq!(
+        received[0].body, received[1].body,
+        "identical forwarded bytes"
+    );
+
+    redis.stop();
+    let answer = send(post(two.url("/v1/chat/completions"), &body("after-stop"))).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(answer.header("x-compaction-summary-source"), Some("model"));
+    let metrics = two.text("/metrics").await;
+    let errors: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("compaction_proxy_summary_store_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(errors >= 1, "{metrics}");
+    let ready = two.text("/readyz").await;
+    assert!(ready.contains("kept in this process only"), "{ready}");
+}
