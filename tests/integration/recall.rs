@@ -843,3 +843,43 @@ async fn stable_mode_forwards_the_same_bytes_from_two_proxies_turn_after_turn() 
     let first_turn = String::from_utf8_lossy(&forwarded[0][0]).into_owned();
     assert!(!marker_ids(&first_turn).is_empty(), "markers went out");
 }
+
+/// The fact-retention run: 20 conversations, each asking for a fact the
+/// budget dropped. The scripted model recalls when it sees a marker and
+/// answers only from what it can read; with recall off it never can.
+#[tokio::test]
+async fn a_dropped_fact_comes_back_in_every_conversation_with_recall_and_in_none_without() {
+    const RUNS: usize = 20;
+    let mut retained = [0usize; 2];
+    for (arm, recall) in [false, true].into_iter().enumerate() {
+        let model = Model::start(Api::Chat, Script::default()).await;
+        let toml = format!(
+            "[policies.default]\nbudget_chars = 300\nkeep_last_n = 1\nmode = \"exact\"\nrecall = {recall}\n"
+        );
+        let proxy = TestProxy::start(&toml, &model.url()).await;
+        for run in 0..RUNS {
+            let code = format!("{:04}-RUN{run}", 1000 + run * 37);
+            let mut request = body(Api::Chat, false, json!({}));
+            request["messages"][2]["content"] = format!(
+                "Depot Norrby: the gate code for depot Norrby is {code}. {}",
+                filler(&format!("r{run}x"))
+            )
+            .into();
+            let answer = ask(&proxy, Api::Chat, &request).await;
+            assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+            let forwarded = model.received();
+            let first =
+                String::from_utf8_lossy(&forwarded[forwarded.len() - 1 - usize::from(recall)])
+                    .into_owned();
+            assert!(!first.contains(&code), "the fact was dropped");
+            if answer_text(Api::Chat, false, &answer.body) == format!("The gate code is {code}.") {
+                retained[arm] += 1;
+            }
+        }
+    }
+    assert_eq!(
+        retained,
+        [0, RUNS],
+        "without recall / with recall, of {RUNS}"
+    );
+}
