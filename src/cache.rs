@@ -608,7 +608,7 @@ mod tests {
                     32
                 ],
                 replayed: 32,
-                turn: None,
+                ..Default::default()
             };
             store.put(key, Arc::new(state));
         }

@@ -486,6 +486,29 @@ pub fn excluded_items(conversation: &Conversation, policy: &AgentPolicy) -> Vec<
     out
 }
 
+/// Tool results the passes may cut: a result holding one output (not
+/// several results sharing a message) whose call's tool the policy touches.
+pub fn prunable_results(conversation: &Conversation, policy: &AgentPolicy) -> Vec<bool> {
+    let items = &conversation.items;
+    let mut tools: HashMap<&str, &str> = HashMap::new();
+    for item in items {
+        for call in &item.tool_calls {
+            tools.entry(call.id.as_str()).or_insert(call.name.as_str());
+        }
+    }
+    items
+        .iter()
+        .map(|item| {
+            item.role == Role::Tool
+                && item.piece_chars.len() <= 1
+                && item
+                    .answers
+                    .as_deref()
+                    .is_some_and(|id| policy.touches(tools.get(id).copied()))
+        })
+        .collect()
+}
+
 /// Runs the passes on `conversation`, whose items `pinned` protects, until
 /// it fits `budget`. `replaceable(item, call)` says whether a call's
 /// arguments can be replaced in the body.

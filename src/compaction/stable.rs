@@ -3,10 +3,13 @@
 //!
 //! The forwarded form is a pure function of the request and the policy: the
 //! conversation is **replayed** unit by unit (a unit is a tool group, or one
-//! item). Each unit is appended verbatim; when that pushes the running form
-//! over the budget, the form is re-compacted once, down to
-//! `stable_target_ratio` of the budget, keeping its head (the leading items
-//! within `stable_head_ratio` of the budget) exactly as it was. Every
+//! item). Each unit is appended verbatim (once the form was re-compacted,
+//! a tool result above its share of the room is cut on arrival, head +
+//! marker + tail); when that pushes the running form over the budget, the
+//! form is re-compacted once, down to `stable_target_ratio` of the room the
+//! protected items leave (lower, to leave room for several turns), keeping
+//! its head (the leading items within `stable_head_ratio` of the budget)
+//! exactly as it was. Every
 //! earlier turn's request is a prefix of this one, so its replay passed
 //! through the same states: what was forwarded then is a prefix of what is
 //! forwarded now, until the next re-compaction.
@@ -54,6 +57,9 @@ pub enum Edit {
     Pruned,
     /// A marker naming the call that item (an index) answers.
     Deduped(u32),
+    /// Head + marker + tail at this many chars: a tool result larger than
+    /// its share of the room when it arrived ([`Replay::arrival_cap`]).
+    Capped(u32),
 }
 
 /// The running form after some prefix of the conversation.
@@ -65,6 +71,10 @@ pub struct ReplayState {
     /// What the request that ended here reported (stable messages,
     /// rebased), so a retry of it reports the same.
     pub turn: Option<(usize, bool)>,
+    /// The form has been re-compacted: new tool results are capped on
+    /// arrival from here on ([`Replay::arrival_cap`]). (Before, every
+    /// prefix fit and went as it came.)
+    pub recompacted: bool,
 }
 
 impl ReplayState {
@@ -187,27 +197,37 @@ pub fn replay(
     let mut total = replay.total(&state.entries);
     let mut total_tokens = replay.total_tokens(&state.entries);
     let resume_at = state.replayed;
+    let mut protected_chars = replay.protected_chars(0..resume_at);
     for &end in units.iter().filter(|&&e| e > resume_at) {
         if state.replayed == prev_turn && at_prev_turn.is_none() {
             at_prev_turn = Some(state.entries.clone());
         }
+        let fresh = state.entries.len();
+        protected_chars += replay.protected_chars(state.replayed..end);
         for i in state.replayed..end {
-            let kept = char_count(&conversation.items[i].text) as u32;
-            let entry = Entry {
-                index: i as u32,
-                kept,
-                ..Entry::default()
+            let entry = if state.recompacted {
+                replay.arrival(i, protected_chars)
+            } else {
+                replay.whole(i)
             };
-            total += conversation.items[i].chars();
+            total += replay.chars(&entry);
             total_tokens += replay.tokens(&entry);
             state.entries.push(entry);
         }
         state.replayed = end;
         if replay.over_budget(total, total_tokens) {
-            state.entries = replay.recompact(&state.entries);
+            // The new unit is cut as an arrival would be, and then kept
+            // as it is: the model has not seen it yet.
+            for e in &mut state.entries[fresh..] {
+                if e.edit == Edit::None {
+                    *e = replay.arrival(e.index as usize, protected_chars);
+                }
+            }
+            state.entries = replay.recompact(&state.entries, fresh, protected_chars);
             total = replay.total(&state.entries);
             total_tokens = replay.total_tokens(&state.entries);
             recompactions += 1;
+            state.recompacted = true;
             if end > prev_turn {
                 rebased = true;
             }
@@ -245,7 +265,7 @@ pub fn replay(
                 let full = char_count(&edited) as u32;
                 match e.edit {
                     Edit::None => {}
-                    Edit::Pruned => {
+                    Edit::Pruned | Edit::Capped(_) => {
                         edits
                             .texts
                             .insert(index, TextEdit::Pruned(edited.to_string()));
@@ -362,6 +382,8 @@ struct Replay<'a> {
     protected: Vec<bool>,
     /// Excluded tools' units: the engine may drop them but never cut them.
     excluded: Vec<bool>,
+    /// Tool results the passes may cut, and an arrival cap too.
+    prunable: Vec<bool>,
     /// The budget of the items (outside chars already spent).
     budget: usize,
     head: usize,
@@ -369,9 +391,14 @@ struct Replay<'a> {
     tokens: Option<(Encoding, usize)>,
 }
 
-/// A re-compaction frees room for at least this many units like the
-/// recent ones.
+/// A re-compaction frees room for this many units like the recent ones.
+/// (6 billed Codex 0.59x instead of 0.64x the no-proxy bill on the
+/// coding-agent harness, docs/agents.md, but then a re-compaction drops
+/// the masked tool results it made: the passes' test fails.)
 const TURNS_OF_ROOM: usize = 4;
+/// Once the form was re-compacted, a new tool result takes at most this
+/// fraction (1/n) of the room beside the protected items.
+const ARRIVAL_SHARES: usize = 5;
 /// How many of the form's last units tell the size of the next ones.
 const RECENT_UNITS: usize = 8;
 
@@ -397,11 +424,72 @@ impl<'a> Replay<'a> {
             subjects: super::relevant::subjects(conversation, policy),
             protected,
             excluded: agent::excluded_items(conversation, &policy.agent),
+            prunable: agent::prunable_results(conversation, &policy.agent),
             budget,
             head: (budget.min(policy.engine.budget_chars) as f64 * policy.stable_head_ratio)
                 as usize,
             tokens,
         }
+    }
+
+    /// The chars of the protected items (pins, kept roles) in `range`.
+    fn protected_chars(&self, range: std::ops::Range<usize>) -> usize {
+        range
+            .filter(|&i| self.protected[i])
+            .map(|i| self.conversation.items[i].chars())
+            .sum()
+    }
+
+    /// The room the protected items so far (`protected_chars`) leave in
+    /// the budget: what re-compactions can free.
+    fn room(&self, protected_chars: usize) -> usize {
+        self.budget.saturating_sub(protected_chars)
+    }
+
+    /// The largest tool result a turn appends whole once the form was
+    /// re-compacted: a [`ARRIVAL_SHARES`]th of the room (at most
+    /// `protect_tool_chars`, never below `max_tool_result_chars`), so that
+    /// the room holds several turns like it. A result larger than the
+    /// room's share fills it, and the form is re-compacted on nearly every
+    /// turn. 0: no cap (the prune pass is off).
+    fn arrival_cap(&self, protected_chars: usize) -> usize {
+        let agent = &self.policy.agent;
+        if agent.max_tool_result_chars == 0 {
+            return 0;
+        }
+        (self.room(protected_chars) / ARRIVAL_SHARES)
+            .min(agent.protect_tool_chars)
+            .max(agent.max_tool_result_chars)
+    }
+
+    /// Item `i` as it came.
+    fn whole(&self, i: usize) -> Entry {
+        Entry {
+            index: i as u32,
+            kept: char_count(&self.conversation.items[i].text) as u32,
+            ..Entry::default()
+        }
+    }
+
+    /// Item `i` as a turn appends it once the form was re-compacted: whole,
+    /// or a prunable tool result above [`Self::arrival_cap`] cut to it
+    /// (head + marker + tail), a pure function of the prefix.
+    fn arrival(&self, i: usize, protected_chars: usize) -> Entry {
+        let text = &self.conversation.items[i].text;
+        let mut entry = self.whole(i);
+        let cap = self.arrival_cap(protected_chars);
+        if cap > 0
+            && self.prunable[i]
+            && !self.protected[i]
+            && !self.excluded[i]
+            && entry.kept as usize > cap
+        {
+            if let Some(cut) = agent::head_and_tail(text, cap) {
+                entry.edit = Edit::Capped(cap as u32);
+                entry.kept = char_count(&cut) as u32;
+            }
+        }
+        entry
     }
 
     fn over_budget(&self, chars: usize, tokens: usize) -> bool {
@@ -444,6 +532,9 @@ impl<'a> Replay<'a> {
             Edit::None => Cow::Borrowed(text),
             Edit::Pruned => agent::head_and_tail(text, self.policy.agent.max_tool_result_chars)
                 .map_or(Cow::Borrowed(text), Cow::Owned),
+            Edit::Capped(keep) => {
+                agent::head_and_tail(text, keep as usize).map_or(Cow::Borrowed(text), Cow::Owned)
+            }
             Edit::Deduped(of) => Cow::Owned(agent::duplicate_marker(
                 self.conversation.items[of as usize]
                     .answers
@@ -510,7 +601,9 @@ impl<'a> Replay<'a> {
 
     /// The form compacted to the target, its head kept as it is. If the head
     /// must go for the form to fit the budget, it goes.
-    fn recompact(&self, entries: &[Entry]) -> Vec<Entry> {
+    /// The entries from `fresh` on are the unit that overflowed: the
+    /// passes leave them as they are (they were cut on arrival).
+    fn recompact(&self, entries: &[Entry], fresh: usize, protected_chars: usize) -> Vec<Entry> {
         let mut head_len = 0;
         let mut head_chars = 0;
         for e in entries {
@@ -531,16 +624,39 @@ impl<'a> Replay<'a> {
                 break;
             }
         }
-        let mut target = self.target_for(entries);
+        let target = self.target_for(entries, protected_chars);
+        let mut kept = self.compact_to(entries, head_len, fresh, target);
+        // The target is a wish, the budget a must: a target the passes
+        // cannot reach (pruning saves less than the whole excess, the
+        // last `keep_last_n` are kept) falls back to the whole budget.
+        if self.over_budget(self.total(&kept), self.total_tokens(&kept)) {
+            let within = self.compact_to(entries, head_len, fresh, self.budget);
+            if self.total(&within) < self.total(&kept) {
+                kept = within;
+            }
+        }
+        self.strip_stale_thinking(entries, &mut kept);
+        kept
+    }
+
+    /// The form compacted to the char target `target`, its first
+    /// `head_len` entries kept (unless the budget needs them).
+    fn compact_to(
+        &self,
+        entries: &[Entry],
+        head_len: usize,
+        fresh: usize,
+        mut target: usize,
+    ) -> Vec<Entry> {
         let mut kept = Vec::new();
         // Under a token budget the engine still counts chars: its char
         // target is the token target at the form's own chars per token,
         // tightened while the result's tokens miss it (a pure function of
         // the form, so every replica and every later turn agrees).
         for _ in 0..4 {
-            kept = self.compact(entries, head_len, target);
+            kept = self.compact(entries, head_len, fresh, target);
             if head_len > 0 && self.over_budget(self.total(&kept), self.total_tokens(&kept)) {
-                kept = self.compact(entries, 0, target);
+                kept = self.compact(entries, 0, fresh, target);
             }
             let Some((_, budget_tokens)) = self.tokens else {
                 break;
@@ -552,7 +668,6 @@ impl<'a> Replay<'a> {
             let scaled = (target as u128 * budget_tokens as u128 / tokens.max(1) as u128) as usize;
             target = (scaled * 95 / 100).min(target - 1);
         }
-        self.strip_stale_thinking(entries, &mut kept);
         kept
     }
 
@@ -583,26 +698,19 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// What a re-compaction of `entries` aims at: `stable_target_ratio`
-    /// of the budget, but never below what no re-compaction can remove
-    /// (pinned items, kept roles, the last `keep_last_n`: a large fixed
-    /// part then frees all the rest), and lower still when the recent
-    /// units are large, so that the room freed holds [`TURNS_OF_ROOM`] of
-    /// them (giving up at most half of what the ratio keeps): a
-    /// conversation of large tool results is otherwise re-compacted on
-    /// nearly every turn, and each re-compaction bills its changed tail in
-    /// full. (A target on the room left after the fixed part, tried first,
-    /// re-compacted more often: 3 % more billed on the coding-agent bench.)
-    fn target_for(&self, entries: &[Entry]) -> usize {
-        let fixed: usize = entries
-            .iter()
-            .enumerate()
-            .filter(|(k, e)| self.unremovable(entries, *k, e))
-            .map(|(_, e)| self.chars(e))
-            .sum();
+    /// What a re-compaction of `entries` aims at: `stable_target_ratio` of
+    /// the budget, never below the protected items (pins, kept roles), and
+    /// lower when the recent units are large, so that the room freed holds
+    /// [`TURNS_OF_ROOM`] of them, down to the protected items alone. A
+    /// target on the whole budget leaves little room beside a large fixed
+    /// part (a coding agent's first message), and each re-compaction bills
+    /// its changed tail in full. What the engine keeps anyway (the last
+    /// `keep_last_n`) may keep the form above it; `recompact` falls back to
+    /// the budget when the passes cannot reach it.
+    fn target_for(&self, entries: &[Entry], protected_chars: usize) -> usize {
         let by_chars = self.target_within(
             self.budget,
-            fixed,
+            protected_chars,
             self.recent_unit(entries, |e| self.chars(e)),
         );
         let Some((_, budget_tokens)) = self.tokens else {
@@ -611,9 +719,8 @@ impl<'a> Replay<'a> {
         let tokens_of = |e: &Entry| self.tokens(e);
         let fixed_tokens: usize = entries
             .iter()
-            .enumerate()
-            .filter(|(k, e)| self.unremovable(entries, *k, e))
-            .map(|(_, e)| tokens_of(e))
+            .filter(|e| self.protected[e.index as usize])
+            .map(tokens_of)
             .sum();
         let by_tokens = self.target_within(
             budget_tokens,
@@ -626,31 +733,16 @@ impl<'a> Replay<'a> {
         by_chars.min(by_tokens_in_chars)
     }
 
-    /// A target within `budget`, in whatever `fixed` and `unit` measure.
+    /// A target within `budget` beside `fixed`, in whatever `fixed` and
+    /// `unit` measure.
     fn target_within(&self, budget: usize, fixed: usize, unit: usize) -> usize {
         if fixed >= budget {
             return budget;
         }
         let by_ratio = ((budget as f64 * self.policy.stable_target_ratio) as usize).max(fixed);
-        // Room for the next turns, but never at the cost of more than half
-        // of what the ratio keeps of the removable part.
-        let floor = fixed + (by_ratio - fixed) / 2;
+        // The turns' room is what lies beyond the fixed part.
         let by_turns = budget.saturating_sub(TURNS_OF_ROOM * unit);
-        by_ratio.min(by_turns.max(floor))
-    }
-
-    /// Whether the entry at position `k` of the form is one no
-    /// re-compaction removes: pinned, of a kept role, or among the last
-    /// `keep_last_n`.
-    fn unremovable(&self, entries: &[Entry], k: usize, e: &Entry) -> bool {
-        let i = e.index as usize;
-        k >= entries.len().saturating_sub(self.policy.engine.keep_last_n)
-            || self.pins[i]
-            || self
-                .policy
-                .engine
-                .keep_roles
-                .contains(&self.conversation.items[i].role)
+        by_ratio.min(by_turns).max(fixed)
     }
 
     /// The mean size, by `measure`, of the form's last [`RECENT_UNITS`]
@@ -676,8 +768,14 @@ impl<'a> Replay<'a> {
         chars / units.max(1)
     }
 
-    fn compact(&self, entries: &[Entry], head_len: usize, target: usize) -> Vec<Entry> {
-        let entries = self.agent_passes(entries, head_len, target);
+    fn compact(
+        &self,
+        entries: &[Entry],
+        head_len: usize,
+        fresh: usize,
+        target: usize,
+    ) -> Vec<Entry> {
+        let entries = self.agent_passes(entries, head_len, fresh, target);
         let messages: Vec<Message> = entries
             .iter()
             .enumerate()
@@ -724,7 +822,13 @@ impl<'a> Replay<'a> {
     /// The agent passes over the running form, down to the target: only
     /// entries outside the head that no pass or trim has touched yet are
     /// candidates, so each edit stays a pure function of its item.
-    fn agent_passes(&self, entries: &[Entry], head_len: usize, target: usize) -> Vec<Entry> {
+    fn agent_passes(
+        &self,
+        entries: &[Entry],
+        head_len: usize,
+        fresh: usize,
+        target: usize,
+    ) -> Vec<Entry> {
         let form = Conversation {
             items: entries
                 .iter()
@@ -745,11 +849,11 @@ impl<'a> Replay<'a> {
             .enumerate()
             .map(|(k, e)| {
                 k < head_len
+                    || k >= fresh
                     || self.protected[e.index as usize]
-                    || e.edit != Edit::None
+                    || !matches!(e.edit, Edit::None | Edit::Capped(_))
                     || e.clipped != 0
-                    || e.kept as usize
-                        != char_count(&self.conversation.items[e.index as usize].text)
+                    || e.kept as usize != char_count(&self.text_of(e))
             })
             .collect();
         // Relevance to the form's latest request, like the engine's below.
