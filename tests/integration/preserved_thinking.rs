@@ -133,6 +133,8 @@ struct Session {
     rebased: usize,
     /// Requests forwarded with a summary (`strategy = "summarize"`).
     summaries: usize,
+    /// Requests still over budget after compaction.
+    budget_missed: usize,
 }
 
 /// A 40-turn tool loop through a proxy with `policy`, streamed or not.
@@ -149,6 +151,7 @@ async fn run_session(policy: &str, stream: bool) -> (Session, Arc<Mutex<Seen>>) 
         stripped: 0,
         rebased: 0,
         summaries: 0,
+        budget_missed: 0,
     };
     for turn in 0..40 {
         let body = json!({
@@ -179,6 +182,7 @@ async fn run_session(policy: &str, stream: bool) -> (Session, Arc<Mutex<Seen>>) 
             .unwrap_or(0);
         session.rebased += usize::from(answer.header("x-compaction-rebased") == Some("true"));
         session.summaries += usize::from(answer.header("x-compaction-summary-id").is_some());
+        session.budget_missed += usize::from(answer.header("x-compaction-budget-met") == Some("false"));
         // A streaming client assembles the message from the events; the
         // mock's own copy is the same message.
         let message = if stream {
@@ -247,6 +251,24 @@ async fn stable_mode_never_fails_the_prefix_check() {
 #[tokio::test]
 async fn stable_mode_never_fails_the_prefix_check_streaming() {
     check("stable", true).await;
+}
+
+/// Exact mode where some turns' protected tail alone is over the budget
+/// (the budget is missed), with the passes off: every request still passes
+/// the prefix check.
+#[tokio::test]
+async fn exact_mode_holds_the_prefix_check_when_the_tail_alone_is_over_budget() {
+    let policy = "mode = \"exact\"\nbudget_chars = 11000\nkeep_last_n = 4\nmax_message_chars = 100000\nmax_tool_result_chars = 0\nmax_arg_chars = 0\ntool_duplicate_threshold = 0";
+    let (session, seen) = run_session(policy, false).await;
+    let seen = seen.lock().unwrap();
+    assert!(seen.refused.is_empty(), "refused {:?}", seen.refused);
+    assert_eq!(seen.answered, 40);
+    assert!(
+        session.budget_missed > 0,
+        "no turn was over budget with nothing removable: {:?}",
+        session.statuses
+    );
+    assert!(session.stripped > 0);
 }
 
 #[tokio::test]
