@@ -160,6 +160,10 @@ impl Checkpoints for CheckpointStore {
             states.insert(key, state);
         }
     }
+
+    fn keeps(&self) -> bool {
+        self.states.is_some()
+    }
 }
 
 /// Relevance scoring's per-message analyses (`scoring = "relevance"`) and
@@ -609,6 +613,7 @@ mod tests {
                 ],
                 replayed: 32,
                 turn: None,
+                ..Default::default()
             };
             store.put(key, Arc::new(state));
         }
