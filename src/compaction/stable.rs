@@ -14,8 +14,11 @@
 //! Replaying from the start costs a few engine runs; [`Checkpoints`] lets a
 //! turn resume from the state at the end of an earlier request with the same
 //! prefix (keyed by a 128-bit hash of the policy, format and the prefix's
-//! bytes). The checkpoint store is only an accelerator: with it or without
-//! it, the result is the same.
+//! bytes). Under seed scoring the checkpoint store is only an accelerator:
+//! with it or without it, the result is the same. Under `scoring =
+//! "relevance"` with a store that keeps checkpoints, a request that finds
+//! none is compacted once around its own question (as exact mode chooses)
+//! and that choice, frozen in its checkpoint, is what later turns extend.
 
 use std::sync::Arc;
 
