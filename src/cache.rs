@@ -160,6 +160,10 @@ impl Checkpoints for CheckpointStore {
             states.insert(key, state);
         }
     }
+
+    fn keeps(&self) -> bool {
+        self.states.is_some()
+    }
 }
 
 /// Relevance scoring's per-message analyses (`scoring = "relevance"`) and
@@ -608,6 +612,7 @@ mod tests {
                     32
                 ],
                 replayed: 32,
+                turn: None,
                 ..Default::default()
             };
             store.put(key, Arc::new(state));

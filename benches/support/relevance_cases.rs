@@ -19,7 +19,7 @@
 
 #![allow(dead_code)]
 
-use compaction_proxy::compaction::stable::NoCheckpoints;
+use compaction_proxy::cache::CheckpointStore;
 use compaction_proxy::format::Format;
 use compaction_proxy::policy::CompiledPolicy;
 use compaction_proxy::proxy::compact::outcome_of;
@@ -188,7 +188,9 @@ impl Case {
             &policy,
             Format::Chat,
             usize::MAX,
-            &NoCheckpoints,
+            // A cold request to a proxy that keeps checkpoints (the
+            // shipped `cache.checkpoint_max_bytes`).
+            &CheckpointStore::new(1 << 24),
         )
         .expect("a generated body parses");
         let forwarded = match &outcome.rewritten {

@@ -21,8 +21,8 @@
 
 pub mod agent;
 pub mod budget;
-pub mod recall;
 pub mod decisions;
+pub mod recall;
 pub mod relevant;
 pub mod stable;
 pub mod summary;

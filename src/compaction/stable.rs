@@ -17,8 +17,11 @@
 //! Replaying from the start costs a few engine runs; [`Checkpoints`] lets a
 //! turn resume from the state at the end of an earlier request with the same
 //! prefix (keyed by a 128-bit hash of the policy, format and the prefix's
-//! bytes). The checkpoint store is only an accelerator: with it or without
-//! it, the result is the same.
+//! bytes). Under seed scoring the checkpoint store is only an accelerator:
+//! with it or without it, the result is the same. Under `scoring =
+//! "relevance"` with a store that keeps checkpoints, a request that finds
+//! none is compacted once around its own question (as exact mode chooses)
+//! and that choice, frozen in its checkpoint, is what later turns extend.
 
 use std::sync::Arc;
 
@@ -60,6 +63,23 @@ pub enum Edit {
     /// Head + marker + tail at this many chars: a tool result larger than
     /// its share of the room when it arrived ([`Replay::arrival_cap`]).
     Capped(u32),
+    /// Cut around what the request of its re-compaction asked about
+    /// (`scoring = "relevance"`): by the engine's trim (`Excerpt`) or the
+    /// prune pass (`PrunedAround`). Not a function of the item alone, so
+    /// the text itself is frozen in the state ([`ReplayState::texts`], by
+    /// position) and every later turn forwards it as it was.
+    Excerpt(u32),
+    PrunedAround(u32),
+}
+
+impl Edit {
+    /// The frozen text this edit names, if any.
+    fn frozen(self) -> Option<usize> {
+        match self {
+            Edit::Excerpt(k) | Edit::PrunedAround(k) => Some(k as usize),
+            _ => None,
+        }
+    }
 }
 
 /// The running form after some prefix of the conversation.
@@ -75,12 +95,16 @@ pub struct ReplayState {
     /// arrival from here on ([`Replay::arrival_cap`]). (Before, every
     /// prefix fit and went as it came.)
     pub recompacted: bool,
+    /// The texts of [`Edit::Excerpt`] and [`Edit::PrunedAround`] entries.
+    pub texts: Vec<Arc<str>>,
 }
 
 impl ReplayState {
     /// Approximate bytes held, for the checkpoint store's weigher.
     pub fn weight(&self) -> u32 {
-        u32::try_from(64 + self.entries.len() * std::mem::size_of::<Entry>()).unwrap_or(u32::MAX)
+        let texts: usize = self.texts.iter().map(|t| 16 + t.len()).sum();
+        u32::try_from(64 + self.entries.len() * std::mem::size_of::<Entry>() + texts)
+            .unwrap_or(u32::MAX)
     }
 }
 
@@ -88,6 +112,14 @@ impl ReplayState {
 pub trait Checkpoints {
     fn get(&self, key: u128) -> Option<Arc<ReplayState>>;
     fn put(&self, key: u128, state: Arc<ReplayState>);
+    /// Whether what is put can be got back later. Without it, a request
+    /// that finds no checkpoint is replayed from the start (a pure function
+    /// of the request); with it, under `scoring = "relevance"`, such a cold
+    /// request is compacted around its own question and that choice is
+    /// kept for the following turns ([`replay`]).
+    fn keeps(&self) -> bool {
+        true
+    }
 }
 
 /// No store: every turn replays from the start.
@@ -98,6 +130,9 @@ impl Checkpoints for NoCheckpoints {
         None
     }
     fn put(&self, _: u128, _: Arc<ReplayState>) {}
+    fn keeps(&self) -> bool {
+        false
+    }
 }
 
 /// What stable mode reports besides the loss.
@@ -176,7 +211,7 @@ pub fn replay(
         start = end;
     }
 
-    let replay = Replay::new(parsed, policy, tokens);
+    let mut replay = Replay::new(parsed, policy, tokens);
     // Resume from the latest unit end an earlier request stopped at.
     let mut state = ReplayState::default();
     let mut resumed = false;
@@ -189,11 +224,43 @@ pub fn replay(
             }
         }
     }
+    replay.texts.replace(std::mem::take(&mut state.texts));
+    let mut recompactions = 0;
+    let mut rebased = false;
+    // A cold request under relevance scoring (no checkpoint, but a store
+    // that keeps what this one chooses) is one re-compaction of the whole
+    // conversation around its own question, the way exact mode chooses;
+    // the following turns resume from it and extend it. (Replaying from
+    // the start would have decided each old message before the question
+    // existed.)
+    if !resumed && checkpoints.keeps() && replay.scores_relevance() {
+        state.entries = (0..conversation.items.len())
+            .map(|i| Entry {
+                index: i as u32,
+                kept: char_count(&conversation.items[i].text) as u32,
+                ..Entry::default()
+            })
+            .collect();
+        state.replayed = conversation.items.len();
+        let (chars, tokens) = (
+            replay.total(&state.entries),
+            replay.total_tokens(&state.entries),
+        );
+        if replay.over_budget(chars, tokens) {
+            // No head to keep: nothing was forwarded before. The last
+            // unit is the newest, as a turn's would be.
+            replay.head = 0;
+            let fresh = units.iter().rev().nth(1).copied().unwrap_or(0);
+            let protected_chars = replay.protected_chars(0..conversation.items.len());
+            state.entries = replay.recompact(&state.entries, fresh, protected_chars);
+            state.recompacted = true;
+            recompactions = 1;
+            rebased = true;
+        }
+    }
 
     let mut at_prev_turn: Option<Vec<Entry>> =
         (state.replayed == prev_turn).then(|| state.entries.clone());
-    let mut recompactions = 0;
-    let mut rebased = false;
     let mut total = replay.total(&state.entries);
     let mut total_tokens = replay.total_tokens(&state.entries);
     let resume_at = state.replayed;
@@ -250,6 +317,9 @@ pub fn replay(
         (None, _) => (0, rebased),
     };
     state.turn = Some((stable_messages, rebased));
+    state.texts = replay.texts.take();
+    collect_texts(&mut state);
+    replay.texts.replace(state.texts.clone());
     if let Some(key) = keys.last() {
         checkpoints.put(*key, Arc::new(state.clone()));
     }
@@ -264,8 +334,8 @@ pub fn replay(
                 let edited = replay.text_of(e);
                 let full = char_count(&edited) as u32;
                 match e.edit {
-                    Edit::None => {}
-                    Edit::Pruned | Edit::Capped(_) => {
+                    Edit::None | Edit::Excerpt(_) => {}
+                    Edit::Pruned | Edit::Capped(_) | Edit::PrunedAround(_) => {
                         edits
                             .texts
                             .insert(index, TextEdit::Pruned(edited.to_string()));
@@ -312,6 +382,37 @@ pub fn replay(
             resumed: Some(resumed),
         },
     }
+}
+
+/// Drops the frozen texts no entry names any more (a re-compaction dropped
+/// or re-cut their entries), once they are at least half of them.
+fn collect_texts(state: &mut ReplayState) {
+    let mut used = vec![false; state.texts.len()];
+    for e in &state.entries {
+        if let Some(k) = e.edit.frozen() {
+            used[k] = true;
+        }
+    }
+    let live = used.iter().filter(|&&u| u).count();
+    if live * 2 > state.texts.len() {
+        return;
+    }
+    let mut at = vec![0u32; state.texts.len()];
+    let mut texts = Vec::with_capacity(live);
+    for (k, text) in std::mem::take(&mut state.texts).into_iter().enumerate() {
+        if used[k] {
+            at[k] = texts.len() as u32;
+            texts.push(text);
+        }
+    }
+    for e in &mut state.entries {
+        e.edit = match e.edit {
+            Edit::Excerpt(k) => Edit::Excerpt(at[k as usize]),
+            Edit::PrunedAround(k) => Edit::PrunedAround(at[k as usize]),
+            other => other,
+        };
+    }
+    state.texts = texts;
 }
 
 /// The end (exclusive) of each replay unit: the shortest run of items that
@@ -389,6 +490,8 @@ struct Replay<'a> {
     head: usize,
     /// The token budget of the items (the outside already spent).
     tokens: Option<(Encoding, usize)>,
+    /// The frozen texts of the state being replayed ([`ReplayState::texts`]).
+    texts: std::cell::RefCell<Vec<Arc<str>>>,
 }
 
 /// A re-compaction frees room for this many units like the recent ones.
@@ -429,6 +532,7 @@ impl<'a> Replay<'a> {
             head: (budget.min(policy.engine.budget_chars) as f64 * policy.stable_head_ratio)
                 as usize,
             tokens,
+            texts: Default::default(),
         }
     }
 
@@ -492,6 +596,20 @@ impl<'a> Replay<'a> {
         entry
     }
 
+    fn scores_relevance(&self) -> bool {
+        matches!(
+            self.policy.engine.scoring,
+            engine::ScoringMethod::Relevance(_)
+        )
+    }
+
+    /// Freezes `text` for an entry's edit; its position in the texts.
+    fn freeze(&self, text: String) -> u32 {
+        let mut texts = self.texts.borrow_mut();
+        texts.push(Arc::from(text));
+        (texts.len() - 1) as u32
+    }
+
     fn over_budget(&self, chars: usize, tokens: usize) -> bool {
         chars > self.budget || self.tokens.is_some_and(|(_, budget)| tokens > budget)
     }
@@ -541,6 +659,11 @@ impl<'a> Replay<'a> {
                     .as_deref()
                     .unwrap_or_default(),
             )),
+            Edit::Excerpt(k) | Edit::PrunedAround(k) => self
+                .texts
+                .borrow()
+                .get(k as usize)
+                .map_or(Cow::Borrowed(text), |t| Cow::Owned(t.to_string())),
         }
     }
 
@@ -593,9 +716,14 @@ impl<'a> Replay<'a> {
                 (e.index as usize) < end
                     && match e.edit {
                         Edit::Deduped(of) => of < e.index,
+                        Edit::Excerpt(k) | Edit::PrunedAround(k) => state
+                            .texts
+                            .get(k as usize)
+                            .is_some_and(|t| e.kept as usize <= char_count(t)),
                         _ => true,
                     }
-                    && e.kept as usize <= char_count(&self.text_of(e))
+                    && (e.edit.frozen().is_some()
+                        || e.kept as usize <= char_count(&self.text_of(e)))
             })
     }
 
@@ -811,10 +939,17 @@ impl<'a> Replay<'a> {
                 if self.excluded[e.index as usize] {
                     return e;
                 }
-                Entry {
-                    kept: (m.chars - self.fixed_of(&e)) as u32,
-                    ..e
+                let kept = (m.chars - self.fixed_of(&e)) as u32;
+                // The engine cut a relevant message around its match (an
+                // excerpt, not a prefix of what it was given): frozen.
+                if kept < e.kept && !messages[m.index].content.starts_with(&m.content) {
+                    return Entry {
+                        kept,
+                        edit: Edit::Excerpt(self.freeze(m.content.clone())),
+                        ..e
+                    };
                 }
+                Entry { kept, ..e }
             })
             .collect()
     }
@@ -857,15 +992,21 @@ impl<'a> Replay<'a> {
             })
             .collect();
         // Relevance to the form's latest request, like the engine's below.
+        let mut found = None;
         if self.policy.agent.any_pass() && form.total_chars() > target {
+            // A tool result is scored with its call, as in exact mode.
             let messages: Vec<Message> = form
                 .items
                 .iter()
-                .map(|item| Message::new(item.role, item.text.clone()))
+                .zip(entries)
+                .map(|(item, e)| Message {
+                    subject: self.subjects[e.index as usize].clone(),
+                    ..Message::new(item.role, item.text.clone())
+                })
                 .collect();
-            super::protect_relevant(&form, &messages, self.policy, &mut untouchable);
+            found = super::protect_relevant(&form, &messages, self.policy, &mut untouchable);
         }
-        let edits = agent::run(
+        let mut edits = agent::run(
             &form,
             &untouchable,
             target,
@@ -880,10 +1021,32 @@ impl<'a> Replay<'a> {
         if edits.is_empty() {
             return entries.to_vec();
         }
+        // A relevant result is pruned around its match, not to head and
+        // tail; that cut is frozen.
+        let mut around = std::collections::HashSet::new();
+        if let Some(found) = &found {
+            let cuts: Vec<(usize, String)> = edits
+                .texts
+                .iter()
+                .filter_map(|(&k, edit)| match edit {
+                    TextEdit::Pruned(cut) => Some((k, cut.clone())),
+                    _ => None,
+                })
+                .collect();
+            super::relevant::prune_around_matches(&form, found, &mut edits);
+            for (k, cut) in cuts {
+                if matches!(edits.texts.get(&k), Some(TextEdit::Pruned(now)) if *now != cut) {
+                    around.insert(k);
+                }
+            }
+        }
         let mut out = entries.to_vec();
         for (&k, edit) in &edits.texts {
             let e = &mut out[k];
             e.edit = match edit {
+                TextEdit::Pruned(cut) if around.contains(&k) => {
+                    Edit::PrunedAround(self.freeze(cut.clone()))
+                }
                 TextEdit::Pruned(_) => Edit::Pruned,
                 TextEdit::Deduped { .. } => {
                     // The earlier result the marker names, by item index.

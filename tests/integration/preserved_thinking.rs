@@ -182,7 +182,8 @@ async fn run_session(policy: &str, stream: bool) -> (Session, Arc<Mutex<Seen>>) 
             .unwrap_or(0);
         session.rebased += usize::from(answer.header("x-compaction-rebased") == Some("true"));
         session.summaries += usize::from(answer.header("x-compaction-summary-id").is_some());
-        session.budget_missed += usize::from(answer.header("x-compaction-budget-met") == Some("false"));
+        session.budget_missed +=
+            usize::from(answer.header("x-compaction-budget-met") == Some("false"));
         // A streaming client assembles the message from the events; the
         // mock's own copy is the same message.
         let message = if stream {

@@ -5,7 +5,11 @@ use serde_json::json;
 
 use crate::support::*;
 
+// Exact mode: the passes alone make this body fit. (Stable mode aims a
+// re-compaction below the budget, to leave room for the next turns, and
+// drops the old tool group too.)
 const AGENT_POLICY: &str = "[policies.default]
+mode = \"exact\"
 budget_chars = 400
 keep_last_n = 1
 max_tool_result_chars = 100

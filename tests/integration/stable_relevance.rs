@@ -151,3 +151,145 @@ fn relevance_moves_nothing_on_an_appending_turn_and_keeps_the_asked_fact_on_a_re
     }
     panic!("no question tipped the form over its budget");
 }
+
+/// The same `messages` cold to a proxy that keeps checkpoints and to one
+/// that keeps none (a replay from the start), then a turn that appends a
+/// short answer and question to the first.
+fn cold_then_appended(
+    messages: &[Value],
+    p: &CompiledPolicy,
+) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let store = CheckpointStore::new(16 << 20);
+    let kept = forwarded(&run(messages, p, &store));
+    let replayed = forwarded(&run(messages, p, &CheckpointStore::new(0)));
+    let mut next = messages.to_vec();
+    answer(&mut next, "Done.".into());
+    ask(&mut next, "Thanks, anything else?".into());
+    let outcome = run(&next, p, &store);
+    let info = outcome.stable.expect("stable mode");
+    assert!(!info.rebased, "{info:?}");
+    assert_eq!(info.resumed, Some(true));
+    (kept, replayed, forwarded(&outcome))
+}
+
+fn texts(messages: &[Value]) -> String {
+    messages
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_cold_request_is_compacted_around_its_question_and_the_next_turn_extends_it() {
+    let p = relevance();
+    // Replayed from the start, old notes go before the question is asked
+    // (the head's stay); cold with a checkpoint store, the asked one stays.
+    let mut checked = 0;
+    for asked in 1..29 {
+        let mut messages = history(30);
+        ask(
+            &mut messages,
+            format!("Which gate code opens depot D{asked}?"),
+        );
+        let (kept, replayed, next) = cold_then_appended(&messages, &p);
+        assert_eq!(next[..kept.len()], kept[..], "extended byte for byte");
+        assert_eq!(next.len(), kept.len() + 2);
+        if !holds(&replayed, &note(asked)) {
+            assert!(holds(&kept, &note(asked)), "D{asked}: {kept:#?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "{checked} notes the replay drops");
+}
+
+/// A long old message holding the fact in its middle, over
+/// `max_message_chars`.
+fn long_note(fact: &str) -> String {
+    let filler = |from: usize| {
+        (from..from + 25)
+            .map(|i| format!("Routine entry {i} about the weekly rota and the canteen menu."))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    format!("{} {fact} {}", filler(0), filler(100))
+}
+
+#[test]
+fn a_relevant_long_message_keeps_its_match_in_stable_mode_and_after() {
+    let mut p = relevance();
+    p.engine.max_message_chars = 400;
+    p.engine.budget_chars = 3_000;
+    let fact = "The locker pin of the Vantaa annex is 4471-ZETA.";
+    let mut messages = vec![
+        json!({"role": "system", "content": "You keep site notes."}),
+        json!({"role": "user", "content": "Start."}),
+        json!({"role": "user", "content": long_note(fact)}),
+        json!({"role": "assistant", "content": "Noted."}),
+    ];
+    for i in 0..20 {
+        messages.push(json!({"role": "user", "content": format!("Small talk number {i} about nothing much at all.")}));
+        messages.push(json!({"role": "assistant", "content": format!("Reply {i}.")}));
+    }
+    ask(
+        &mut messages,
+        "What is the locker pin of the Vantaa annex?".into(),
+    );
+    let (kept, _, next) = cold_then_appended(&messages, &p);
+    let text = texts(&kept);
+    // Cut around the match, not to its head.
+    assert!(text.contains(fact), "{text}");
+    assert!(text.contains("chars omitted"), "{text}");
+    assert_eq!(next[..kept.len()], kept[..]);
+}
+
+#[test]
+fn a_relevant_tool_result_is_pruned_around_its_match_in_stable_mode() {
+    let mut p = policy(ScoringMethod::Relevance(RelevancePolicy {
+        // Nothing relevant enough to be protected from the prune pass.
+        pin_relevant_above: 1.01,
+        ..RelevancePolicy::default()
+    }));
+    p.engine.budget_chars = 4_000;
+    p.agent = compaction_proxy::compaction::agent::AgentPolicy {
+        max_tool_result_chars: 400,
+        protect_tool_chars: 0,
+        prune_minimum_chars: 0,
+        ..compaction_proxy::compaction::agent::AgentPolicy::OFF
+    };
+    let log = |fact: Option<&str>| {
+        let mut lines: Vec<String> = (0..150)
+            .map(|i| format!("2026-03-14T02:{:02}:00Z INFO request {i} handled", i % 60))
+            .collect();
+        if let Some(fact) = fact {
+            lines[75] = fact.to_owned();
+        }
+        lines.join("\n")
+    };
+    let fact = "2026-03-14T02:11:09Z ERROR upstream refused the batch, code E4471";
+    let tail_log = |id: &str, service: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "tail_log", "arguments": format!("{{\"service\": \"{service}\"}}")}}]})
+    };
+    let mut messages = vec![
+        json!({"role": "system", "content": "You watch services."}),
+        json!({"role": "user", "content": "Watch the workers."}),
+        tail_log("c1", "worker"),
+        json!({"role": "tool", "tool_call_id": "c1", "content": log(Some(fact))}),
+        tail_log("c2", "audit"),
+        json!({"role": "tool", "tool_call_id": "c2", "content": log(None)}),
+    ];
+    ask(
+        &mut messages,
+        "Which error code did the upstream refuse the batch with?".into(),
+    );
+    let (kept, _, next) = cold_then_appended(&messages, &p);
+    let result = kept
+        .iter()
+        .find(|m| m["tool_call_id"] == "c1")
+        .and_then(|m| m["content"].as_str())
+        .expect("the result is forwarded");
+    assert!(result.contains("code E4471"), "{result}");
+    assert!(result.contains("chars omitted"), "{result}");
+    assert_eq!(next[..kept.len()], kept[..]);
+}
