@@ -23,14 +23,22 @@
 //!    and the format splices the plan back into the original bytes. Small
 //!    bodies are decided on the connection's worker, large ones on the blocking
 //!    pool; repeated bodies come from [`crate::cache`]. Anything not
-//!    compactable is forwarded as received and marked `skipped`.
+//!    compactable is forwarded as received and marked `skipped`. Then the
+//!    model-backed steps, each falling back to what came before it: a
+//!    model's tool-call decisions ([`decisions`], `tool_decisions = "model"`)
+//!    and a summary in place of the removed messages ([`summaries`],
+//!    `strategy = "summarize"`); with `recall = true`, markers with recall
+//!    ids mark the cuts and the `compaction_recall` tool goes with them.
 //! 6. **forward** ([`upstream`]): hop-by-hop headers stripped, Host set for
 //!    the upstream; 502 if unreachable, 504 without headers in time, each
 //!    in the error shape of the route's format.
 //! 7. **stream back** ([`body::Watched`]): the response goes back frame by
 //!    frame with the loss report headers ([`headers`]), cut after an idle
 //!    timeout; a departing client drops the upstream request. A protocol
-//!    upgrade (WebSocket) answered 101 becomes a byte tunnel.
+//!    upgrade (WebSocket) answered 101 becomes a byte tunnel. With recall
+//!    active ([`recall`]), the proxy answers the model's `compaction_recall`
+//!    calls itself from this request's body and sends the follow-ups
+//!    upstream, so the client gets only the final answer.
 //! 8. **record** ([`crate::metrics::RequestEvent`]): when the response body
 //!    ends, one event updates the metrics and writes the log line, with the
 //!    bill ([`crate::usage`]): the `usage` the provider reported, read from
