@@ -276,6 +276,13 @@ pub fn compact_decided(
         }
         plan
     });
+    let over_budget = triggered && total > budget;
+    let plan = match plan {
+        None if policy.mode == crate::config::Mode::Exact && over_budget => {
+            thinking::stale_only(conversation, budget)
+        }
+        plan => plan,
+    };
     let loss = match &plan {
         Some(plan) => LossSummary {
             deduped_messages: deduped,
@@ -386,6 +393,12 @@ fn compact_to_tokens(
             thinking::strip_stale_exact(conversation, &mut plan, chars_budget);
             plan
         });
+        let plan = match plan {
+            None if triggered && total > chars_budget => {
+                thinking::stale_only(conversation, chars_budget)
+            }
+            plan => plan,
+        };
         let output_tokens = plan
             .as_ref()
             .map_or(input_tokens, |p| encoding.plan(conversation, p));

@@ -107,6 +107,24 @@ pub fn strip_stale_exact(
     stripped
 }
 
+/// Exact mode, a request over its budget from which nothing may go: it is
+/// forwarded whole, yet reasoning produced by an earlier request that was
+/// compacted is bound to the prefix that request forwarded, not to this
+/// one. The plan that keeps every item and strips (or, for an open loop's
+/// last turn, marks) such reasoning; `None` when there is none.
+pub fn stale_only(conversation: &Conversation, budget_chars: usize) -> Option<Plan> {
+    let mut plan = Plan {
+        items: (0..conversation.items.len())
+            .map(Planned::verbatim)
+            .collect(),
+    };
+    strip_stale_exact(conversation, &mut plan, budget_chars);
+    plan.items
+        .iter()
+        .any(|p| p.thinking != Reasoning::AsTheyCame)
+        .then_some(plan)
+}
+
 /// Whether a planned item is forwarded as it came.
 pub(crate) fn is_verbatim(planned: &Planned) -> bool {
     planned.text.is_none()
@@ -202,6 +220,18 @@ mod tests {
         assert_eq!(stripped(&plan), [1]);
         assert_eq!(plan.items[2].thinking, Reasoning::Stale);
         assert!(plan.has_stale_thinking());
+    }
+
+    #[test]
+    fn a_whole_request_over_budget_still_loses_reasoning_bound_to_a_compacted_prefix() {
+        let c = conversation();
+        // items[..3] came to 112 chars, over 100: the request that produced
+        // item 3 was compacted, so its reasoning saw another prefix.
+        let plan = stale_only(&c, 100).expect("a plan that strips");
+        assert_eq!(plan.items.len(), c.items.len(), "every item kept");
+        assert_eq!(stripped(&plan), [3]);
+        // Every earlier request fit: nothing is stale, no plan.
+        assert!(stale_only(&c, 10_000).is_none());
     }
 
     #[test]

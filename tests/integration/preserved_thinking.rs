@@ -346,3 +346,55 @@ async fn check_summaries(mode: &str) {
 async fn summaries_in_exact_mode_never_fail_the_prefix_check() {
     check_summaries("exact").await;
 }
+
+/// A request over its budget from which nothing may go is forwarded whole,
+/// but reasoning an earlier, compacted request produced is bound to the
+/// prefix that request forwarded: it loses that reasoning (the open loop's
+/// last turn: `drop_block`). Here the earlier turn ran under a policy that
+/// could drop (as before a reload that raised `keep_last_n`).
+#[tokio::test]
+async fn a_whole_request_over_budget_drops_reasoning_bound_to_a_compacted_prefix() {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let upstream = MockUpstream::start(signing_upstream(seen.clone())).await;
+    let config = "[policies.default]\nmode = \"exact\"\nbudget_chars = 2000\nkeep_last_n = 2\npin_first_user = false\nmax_message_chars = 100000\nmax_tool_result_chars = 0\nmax_arg_chars = 0\ntool_duplicate_threshold = 0\n\n[policies.whole]\nmode = \"exact\"\nbudget_chars = 2000\nkeep_last_n = 50\npin_first_user = false\nmax_message_chars = 100000\nmax_tool_result_chars = 0\nmax_arg_chars = 0\ntool_duplicate_threshold = 0\n\n[tenants.policies]\nwhole = \"whole\"\n";
+    let proxy = TestProxy::start(config, &upstream.url()).await;
+    let request = |history: &Vec<Value>| {
+        json!({
+            "model": "claude-mock-5", "max_tokens": 1024, "thinking": {"type": "adaptive"},
+            "system": "You are a coding agent.",
+            "tools": [{"name": "read", "description": "Reads a file", "input_schema": {"type": "object"}}],
+            "messages": history,
+        })
+        .to_string()
+    };
+    let mut history = vec![
+        json!({"role": "user", "content": format!("Context: {}", "old notes ".repeat(300))}),
+        json!({"role": "assistant", "content": "Noted."}),
+        json!({"role": "user", "content": "Read the first file."}),
+    ];
+    // Turn 1 is compacted: the old context goes.
+    let answer = send(post_json(&proxy.url("/v1/messages"), request(&history))).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    let message = answer.json();
+    let id = message["content"][2]["id"].clone();
+    history.push(json!({"role": "assistant", "content": message["content"]}));
+    history.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": id, "content": "fn main() {}"},
+    ]}));
+    // Turn 2: over budget, nothing may go under its policy.
+    let mut turn = post_json(&proxy.url("/v1/messages"), request(&history));
+    turn.headers_mut()
+        .insert("x-tenant-id", "whole".parse().unwrap());
+    let answer = send(turn).await;
+    assert_eq!(
+        answer.status,
+        200,
+        "refused: {:?}",
+        seen.lock().unwrap().refused
+    );
+    assert_eq!(answer.header("x-compaction-budget-met"), Some("false"));
+    let seen = seen.lock().unwrap();
+    assert!(seen.refused.is_empty(), "{:?}", seen.refused);
+    assert_eq!(seen.dropped, 1, "the API was asked to drop the stale block");
+}
