@@ -365,18 +365,7 @@ pub fn call_decisions(
             _ => true,
         }
     };
-    let mut answering: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, item) in items.iter().enumerate() {
-        let mut ids: Vec<&str> = item.answers.iter().map(String::as_str).collect();
-        for id in &item.piece_answers {
-            if !ids.contains(&id.as_str()) {
-                ids.push(id);
-            }
-        }
-        for id in ids {
-            answering.entry(id).or_default().push(i);
-        }
-    }
+    let answering = answering_items(items);
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         for (pos, call) in item.tool_calls.iter().enumerate() {
@@ -683,6 +672,24 @@ pub fn run(
         }
     }
     edits
+}
+
+/// The items answering each call id (a whole result, or pieces of one),
+/// in order, each item once per id.
+pub(crate) fn answering_items(items: &[crate::format::Item]) -> HashMap<&str, Vec<usize>> {
+    let mut answering: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let mut ids: Vec<&str> = item.answers.iter().map(String::as_str).collect();
+        for id in &item.piece_answers {
+            if !ids.contains(&id.as_str()) {
+                ids.push(id);
+            }
+        }
+        for id in ids {
+            answering.entry(id).or_default().push(i);
+        }
+    }
+    answering
 }
 
 #[cfg(test)]

@@ -96,18 +96,7 @@ pub fn candidates(parsed: &Parsed, policy: &CompiledPolicy) -> Vec<Candidate> {
         }
     }
     // The items answering each id, and whether each answers that id alone.
-    let mut answering: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, item) in items.iter().enumerate() {
-        let mut ids: Vec<&str> = item.answers.iter().map(String::as_str).collect();
-        for id in &item.piece_answers {
-            if !ids.contains(&id.as_str()) {
-                ids.push(id);
-            }
-        }
-        for id in ids {
-            answering.entry(id).or_default().push(i);
-        }
-    }
+    let answering = super::agent::answering_items(items);
     let answers_only = |r: usize, id: &str| {
         let item = &items[r];
         item.answers.as_deref() == Some(id) && item.piece_answers.iter().all(|a| a == id)
