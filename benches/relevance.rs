@@ -30,7 +30,7 @@
 
 use std::hint::black_box;
 
-use compaction_proxy::cache::AnalysisStore;
+use compaction_proxy::analysis_store::AnalysisStore;
 use compaction_proxy::engine::{compact, compact_cached, relevance, Message, Role};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 

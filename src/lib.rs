@@ -12,6 +12,7 @@
 //! - [`memory_compact`]: the engine's HTTP API request schema.
 //! - [`config`] and [`policy`]: layered configuration and policy resolution.
 //! - [`cache`]: outcomes of repeated bodies and stable mode's checkpoints.
+//! - [`analysis_store`]: relevance analyses and history words between turns.
 //! - [`proxy`]: server, forwarding, headers, streaming.
 //! - [`usage`]: the provider's billed usage, read from responses as they
 //!   pass, priced, and the estimate of what the original would have cost.
@@ -22,6 +23,7 @@
 //! - [`store`]: summaries keyed by what they were made from.
 //! - [`cli`]: the commands of the binary.
 
+pub mod analysis_store;
 pub mod cache;
 pub mod cli;
 pub mod compaction;

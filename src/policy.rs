@@ -13,7 +13,7 @@ use regex::RegexSet;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
-use crate::cache::AnalysisStore;
+use crate::analysis_store::AnalysisStore;
 use crate::compaction::agent::AgentPolicy;
 use crate::compaction::budget::AutoBudget;
 use crate::compaction::tokens::Encoding;

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use compaction_proxy::cache::AnalysisStore;
+use compaction_proxy::analysis_store::AnalysisStore;
 use compaction_proxy::engine::{
     compact, compact_cached, Cut, Kept, Message, Policy, ProtectedBecause, Report, Role,
 };
