@@ -17,7 +17,7 @@ use crate::cache::CompactionCache;
 use crate::compaction::stable::Checkpoints;
 use crate::error::ProxyError;
 use crate::format::{Format, Skip};
-use crate::outcome::{Outcome, Status};
+use crate::outcome::{LossSummary, Outcome, Status};
 use crate::policy::{CompiledPolicy, Resolution, Runtime};
 
 /// Bodies up to this size are decided on the connection's worker: below it, the
@@ -305,19 +305,23 @@ pub fn outcome_of_parsed(
         Bytes::from(body)
     });
     if let Some(m) = marked.filter(|m| !m.ids.is_empty()) {
-        let loss = &mut compacted.loss;
-        loss.output_chars += m.added_chars;
-        loss.output_messages += m.inserts.len();
-        if loss.input_chars > 0 {
-            loss.retained_ratio =
-                crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
-        }
+        count_markers(&mut compacted.loss, &m);
     }
     Outcome {
         loss: compacted.loss,
         rewritten,
         stable: compacted.stable,
         beta,
+    }
+}
+
+/// Counts what recall's markers add to the forwarded body in its loss.
+pub fn count_markers(loss: &mut LossSummary, m: &crate::compaction::recall::Marked) {
+    loss.output_chars += m.added_chars;
+    loss.output_messages += m.inserts.len();
+    if loss.input_chars > 0 {
+        loss.retained_ratio =
+            crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
     }
 }
 
