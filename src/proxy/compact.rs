@@ -276,6 +276,15 @@ pub fn outcome_of_parsed(
             Some(_) => {
                 // `recall = true`: a marker with its id wherever the plan cut.
                 let m = crate::compaction::recall::mark(parsed, &mut plan);
+                if !m.ids.is_empty() && parsed.takes_recall_tool() {
+                    // The tool goes with the markers: reasoning made
+                    // without it is stale.
+                    crate::compaction::thinking::strip_made_without_the_tool(
+                        &parsed.conversation,
+                        &mut plan,
+                        &m.inserts,
+                    );
+                }
                 let body = parsed.splice_inserting_all(&plan, &m.inserts);
                 marked = Some(m);
                 body
