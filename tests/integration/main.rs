@@ -7,6 +7,7 @@ mod agent_clients;
 mod agent_decisions;
 mod agent_fixture;
 mod agent_properties;
+mod agent_recall;
 mod binary;
 mod chart_files;
 mod context_compact;
