@@ -38,6 +38,7 @@ mod proxy_tls;
 mod proxy_transparency;
 mod proxy_upgrade;
 mod recall;
+mod recall_properties;
 mod relevance_cases;
 mod relevance_retention;
 mod request_shapes;
