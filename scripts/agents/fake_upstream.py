@@ -240,13 +240,21 @@ class Recall:
     with the id of the marker that stands for it, and once the tool's
     answer is in the request it ends the session with the token."""
 
+    # --recall-then-continue: sessions whose recall was answered go on with
+    # the script instead of ending
+    go_on = False
+    answered = set()
+
     @staticmethod
     def step(session, tools, results, raw):
         """None (go on with the script), ("call", ids) or ("answer", text).
         results: (tool call id, text) of every tool result in the request."""
-        if RECALL_TOOL not in {name for name, _ in tools}:
+        if RECALL_TOOL not in {name for name, _ in tools} or session in Recall.answered:
             return None
         answers = [text for _, text in results if text.startswith(RECALL_ANSWER)]
+        if answers and Recall.go_on:
+            Recall.answered.add(session)
+            return None
         if answers:
             found = SECRET_RE.search("\n".join(answers))
             if found:
@@ -659,6 +667,7 @@ RESUME_RE = re.compile(r"harness-resume h([0-9a-f]{8})t(\d+)")
 class Upstream:
     def __init__(self, args):
         self.script = Script(args.tree, args.turns, args.recall_file)
+        Recall.go_on = args.recall_then_continue
         self.sessions = Sessions()
         self.recorder = Recorder(args.log_dir)
         self.prefix_check = not args.no_prefix_check
@@ -1100,6 +1109,8 @@ def main():
     p.add_argument("--tree", default=None, help="source tree the scripted tool calls inspect")
     p.add_argument("--turns", type=int, default=50, help="tool-call turns before the final answer")
     p.add_argument("--no-prefix-check", action="store_true", help="do not run the thinking prefix check")
+    p.add_argument("--recall-then-continue", action="store_true",
+                   help="with --recall-file: once the recall is answered, go on with the script")
     p.add_argument("--recall-file", default=None,
                    help="turn 0 reads this file (relative to --tree); the model recalls it with compaction_recall "
                         "once the proxy cut it (Messages API)")

@@ -144,6 +144,8 @@ class Run:
                 "--log-dir", os.path.join(self.dir, "upstream"), "--tree", a.tree, "--turns", str(a.turns)]
         if a.recall:
             fake += ["--recall-file", RECALL_FILE]
+        if a.recall == "continue":
+            fake += ["--recall-then-continue"]
         wait_port(up_port, self.spawn(fake, "fake-upstream"))
         base = f"http://127.0.0.1:{up_port}"
         if self.mode == "none":
@@ -346,10 +348,11 @@ def main():
                    help="also make the agents compact their own history (Claude Code /compact after the session)")
     p.add_argument("--agent-compact-tokens", type=int, default=0,
                    help="Codex model_auto_compact_token_limit; opencode context limit = 2x this (0: off)")
-    p.add_argument("--recall", action="store_true",
+    p.add_argument("--recall", nargs="?", const="end", default=None, choices=["end", "continue"],
                    help="recall = true on the proxy's policy; the fake model reads a file holding a secret token "
                         "first and, once the proxy cut it, recalls it with compaction_recall and answers with "
-                        "the token (Claude Code: the Messages API)")
+                        "the token (Claude Code: the Messages API); --recall continue: the session goes on "
+                        "with its script after the recall")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="agents-"))

@@ -272,6 +272,8 @@ pub fn outcome_of_parsed(
     let mut beta = None;
     let mut marked = None;
     let rewritten = compacted.plan.map(|mut plan| {
+        // The proxy's recall tool goes with this body (it has markers).
+        let mut with_tool = false;
         let body = match policy.recall {
             Some(_) => {
                 // `recall = true`: a marker with its id wherever the plan cut.
@@ -284,6 +286,7 @@ pub fn outcome_of_parsed(
                         &mut plan,
                         &m.inserts,
                     );
+                    with_tool = true;
                 }
                 let body = parsed.splice_inserting_all(&plan, &m.inserts);
                 marked = Some(m);
@@ -292,8 +295,19 @@ pub fn outcome_of_parsed(
             None => parsed.splice(&plan),
         };
         // The last turn of an open tool loop keeps reasoning whose prefix
-        // changed (the API requires it there): ask the API to drop it.
-        let asked = (plan.has_stale_thinking() && policy.thinking_drop_block)
+        // changed (the API requires it there): ask the API to drop it. With
+        // the recall tool, any kept reasoning may be: a turn the proxy
+        // answered after recall rounds was made with those rounds in its
+        // prefix, which the client's history lacks, and nothing in the
+        // history says which turn that was. Asking drops only blocks that
+        // fail the check.
+        let recalled_maybe = with_tool
+            && format == Format::Anthropic
+            && plan.items.iter().any(|p| {
+                p.thinking != crate::format::Reasoning::Stripped
+                    && parsed.conversation.items[p.index].thinking.is_some()
+            });
+        let asked = ((plan.has_stale_thinking() || recalled_maybe) && policy.thinking_drop_block)
             .then(|| crate::format::anthropic::ask_to_drop_stale_thinking(&body))
             .flatten();
         let body = match asked {

@@ -51,11 +51,9 @@ fn upstream_log(dir: &Path) -> Vec<(Value, String)> {
         .collect()
 }
 
-#[test]
-fn claude_code_gets_a_cut_tool_result_back_through_compaction_recall() {
-    if !claude_installed() {
-        return;
-    }
+/// Runs the harness: Claude Code in `modes`, `--recall <recall>`, 8 turns at
+/// 20,000 chars; its figures.
+fn harness(modes: &str, recall: &str) -> Value {
     let work = std::env::temp_dir().join(format!(
         "agent-recall-{}-{}",
         std::process::id(),
@@ -68,13 +66,7 @@ fn claude_code_gets_a_cut_tool_result_back_through_compaction_recall() {
     let status = Command::new("nice")
         .args(["-n", "19", "python3"])
         .arg(format!("{AGENTS}/run.py"))
-        .args([
-            "--clients",
-            "claude",
-            "--modes",
-            "exact,defaults",
-            "--recall",
-        ])
+        .args(["--clients", "claude", "--modes", modes, "--recall", recall])
         .args(["--turns", "8", "--budget", "20000", "--timeout", "120"])
         .arg("--proxy")
         .arg(BIN)
@@ -85,7 +77,40 @@ fn claude_code_gets_a_cut_tool_result_back_through_compaction_recall() {
         .status()
         .expect("python3 runs the harness");
     assert!(status.success(), "the harness failed (logs in {work:?})");
-    let figures: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
+/// After a recall the session goes on: the turn the proxy answered after
+/// its recall round carries reasoning made with that round in its prefix,
+/// which Claude Code's history lacks. The proxy asks the API to drop such
+/// blocks (drop_block) whenever its tool goes, so no later request is
+/// refused, in stable mode as in exact mode.
+#[test]
+fn claude_code_goes_on_after_a_recall_without_a_refused_request() {
+    if !claude_installed() {
+        return;
+    }
+    let figures = harness("exact,defaults", "continue");
+    for run in figures["results"].as_array().unwrap() {
+        let case = format!("{} (logs in {})", run["mode"], run["dir"]);
+        assert_eq!(run["rc"], 0, "{case}: Claude Code failed");
+        assert_eq!(run["refused"], 0, "{case}: {}", run["refused_by_reason"]);
+        assert_eq!(run["turns"], 8, "{case}: the session ran to its end");
+        assert_eq!(run["recall_calls"].as_array().unwrap().len(), 1, "{case}");
+        assert_eq!(run["recall_rounds"], 1, "{case}");
+        assert!(
+            run["dropped_thinking"].as_u64().unwrap() > 0,
+            "{case}: the stale reasoning was dropped by the API, as asked"
+        );
+    }
+}
+
+#[test]
+fn claude_code_gets_a_cut_tool_result_back_through_compaction_recall() {
+    if !claude_installed() {
+        return;
+    }
+    let figures = harness("exact,defaults", "end");
     let secret = figures["secret"].as_str().unwrap().to_owned();
     assert!(secret.starts_with("VAULT-TOKEN-"), "{secret}");
     for mode in ["exact", "defaults"] {
