@@ -1011,7 +1011,9 @@ class Handler(BaseHTTPRequestHandler):
         users = [m for m in msgs if m.get("role") == "user"]
         first_text = text_of(users[0]) if users else ""
         system_text = " ".join(text_of(m) for m in msgs if m.get("role") in ("system", "developer"))
-        agent_compaction = is_agent_compaction(system_text + " " + text_of(msgs[-1]))
+        # a tool result that quotes a summary prompt (a file read) is not one
+        last_text = text_of(msgs[-1]) if msgs[-1].get("role") != "tool" else ""
+        agent_compaction = is_agent_compaction(system_text + " " + last_text)
         # the latest tool result, also when a user message follows it
         last_id = tool_msgs[-1].get("tool_call_id") if tool_msgs else None
         session, turn = self.up.locate(last_id, first_text, "/v1/chat/completions", self.raw_text, agent_compaction)
