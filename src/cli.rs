@@ -437,10 +437,13 @@ fn write_report_lines(
             let decision = word(serde_json::to_value(call.decision).unwrap_or_default());
             reason.push_str(&format!(" [call {} {}: {decision}]", call.name, call.id));
         }
+        if let Some(id) = &m.recall_id {
+            reason.push_str(&format!(" [recall id {id}]"));
+        }
         writeln!(
             out,
             "{:>5}  {:<9}  {:<7}  {:<6}  {:>15}  {}",
-            m.index,
+            m.index.map_or_else(|| "-".to_owned(), |i| i.to_string()),
             word(serde_json::to_value(m.role).unwrap_or_default()),
             word(serde_json::to_value(m.fate).unwrap_or_default()),
             m.stage.unwrap_or("-"),

@@ -24,12 +24,16 @@ pub enum Fate {
     Kept,
     Trimmed,
     Dropped,
+    /// Not an input message: one the proxy put in (a recall marker).
+    Inserted,
 }
 
 /// One input message's line of the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct MessageFate {
-    pub index: usize,
+    /// The input message's index; `None` for a message the proxy put in
+    /// (stage `marker`).
+    pub index: Option<usize>,
     pub role: Role,
     pub fate: Fate,
     /// The stage that acted on it: `dedupe`, `trim` or `drop`; `pin` for a
@@ -50,8 +54,14 @@ pub struct MessageFate {
     pub tool_calls: Vec<CallDecision>,
     /// `recall = true`: the recall id of the marker that stands for what
     /// was cut from this message, or for the dropped run it is part of.
+    /// Kept last: a live report marks the ids the model recalled after it
+    /// (`"recalled": true`, [`mark_recalled`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recall_id: Option<String>,
+    /// A marker message (stage `marker`): the input messages it stands
+    /// for, first and last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stands_for: Option<[usize; 2]>,
 }
 
 /// What `compaction-proxy compact --report` prints for a chat body.
@@ -109,7 +119,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
             ),
         };
         *slot = Some(MessageFate {
-            index: kept.index,
+            index: Some(kept.index),
             role: kept.role,
             fate,
             stage,
@@ -119,12 +129,13 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
             decision: None,
             tool_calls: Vec::new(),
             recall_id: None,
+            stands_for: None,
         });
     }
     for dup in &report.stages.dedupe.removed {
         if let Some(slot) = lines.get_mut(dup.index) {
             *slot = Some(MessageFate {
-                index: dup.index,
+                index: Some(dup.index),
                 role: roles[dup.index],
                 fate: Fate::Dropped,
                 stage: Some("dedupe"),
@@ -137,6 +148,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                 decision: None,
                 tool_calls: Vec::new(),
                 recall_id: None,
+                stands_for: None,
             });
         }
     }
@@ -152,7 +164,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                 .find(|t| t.index == dropped.index)
                 .map_or(dropped.chars, |t| t.original_chars);
             *slot = Some(MessageFate {
-                index: dropped.index,
+                index: Some(dropped.index),
                 role: roles[dropped.index],
                 fate: Fate::Dropped,
                 stage: Some("drop"),
@@ -165,6 +177,7 @@ pub fn fates(report: &Report, roles: &[Role]) -> Vec<MessageFate> {
                 decision: None,
                 tool_calls: Vec::new(),
                 recall_id: None,
+                stands_for: None,
             });
         }
     }
@@ -191,8 +204,12 @@ pub fn report_for<'a>(
 pub struct Explained<'a, 'b> {
     pub report: RequestReport<'a>,
     pub parsed: crate::format::Parsed<'b>,
-    /// What is forwarded when the body is compacted (`None`: as it came).
+    /// What is forwarded when the body is compacted (`None`: as it came),
+    /// with its recall markers when the policy has `recall = true`.
     pub plan: Option<crate::format::Plan>,
+    /// The marker messages put in before the plan's items, as
+    /// [`crate::compaction::recall::Marked::inserts`] (empty without recall).
+    pub inserts: Vec<(usize, String)>,
     pub stable: Option<crate::compaction::stable::StableInfo>,
 }
 
@@ -252,7 +269,7 @@ pub fn explain_decided<'a, 'b>(
     let mut lines = fates(&report, &roles);
     for line in &mut lines {
         // The format's own reason to keep it whole says more than "pinned".
-        if let Some(why) = conversation.items[line.index].why_fixed {
+        if let Some(why) = line.index.and_then(|i| conversation.items[i].why_fixed) {
             line.reason = format!("kept whole: {why}");
         }
     }
@@ -260,34 +277,40 @@ pub fn explain_decided<'a, 'b>(
         follow_the_replay(&mut lines, conversation, compacted.plan.as_ref());
     }
     attach_decisions(&mut lines, decisions);
-    if let (Some(_), Some(plan)) = (policy.recall, &compacted.plan) {
-        attach_recall_ids(&mut lines, &parsed, plan);
+    let mut loss = outcome.loss;
+    let mut plan = compacted.plan;
+    let mut inserts = Vec::new();
+    if let (Some(_), Some(plan)) = (policy.recall, plan.as_mut()) {
+        // The markers as the proxy forwards them (proxy::compact).
+        let marked = crate::compaction::recall::mark(&parsed, plan);
+        if !marked.ids.is_empty() {
+            crate::proxy::compact::count_markers(&mut loss, &marked);
+        }
+        attach_recall_ids(&mut lines, &marked.ids);
+        lines = with_marker_lines(lines, &marked.runs);
+        inserts = marked.inserts;
     }
     let report = RequestReport {
         policy: name,
         status: crate::proxy::compact::status_of(policy, &outcome).header(),
-        loss: outcome.loss,
+        loss,
         messages: lines,
     };
     Ok(Explained {
         report,
         parsed,
-        plan: compacted.plan,
+        plan,
+        inserts,
         stable: compacted.stable,
     })
 }
 
 /// Names on each line the recall id of the marker that stands for it
 /// (`recall = true`), as the forwarded body carries them.
-fn attach_recall_ids(
-    lines: &mut [MessageFate],
-    parsed: &crate::format::Parsed,
-    plan: &crate::format::Plan,
-) {
-    use crate::compaction::recall::{mark, RecallId, Source};
-    let mut plan = plan.clone();
-    for id in mark(parsed, &mut plan).ids {
-        let Some(recall) = RecallId::parse(&id) else {
+fn attach_recall_ids(lines: &mut [MessageFate], ids: &[String]) {
+    use crate::compaction::recall::{RecallId, Source};
+    for id in ids {
+        let Some(recall) = RecallId::parse(id) else {
             continue;
         };
         let (first, last) = match recall.source {
@@ -296,11 +319,81 @@ fn attach_recall_ids(
         };
         for line in lines
             .iter_mut()
-            .filter(|l| (first..=last).contains(&l.index))
+            .filter(|l| l.index.is_some_and(|i| (first..=last).contains(&i)))
         {
             line.recall_id.get_or_insert_with(|| id.clone());
         }
     }
+}
+
+/// The lines with a line of its own for each marker message the proxy
+/// put in for a run of dropped messages (stage `marker`), right after the
+/// run's last line: where the forwarded body has it, before the survivor
+/// that follows the run.
+fn with_marker_lines(
+    lines: Vec<MessageFate>,
+    runs: &[crate::compaction::recall::DroppedRun],
+) -> Vec<MessageFate> {
+    let mut out = Vec::with_capacity(lines.len() + runs.len());
+    let mut runs = runs.iter().peekable();
+    let marker = |run: &crate::compaction::recall::DroppedRun| {
+        let what = if run.first == run.last {
+            format!("message {}", run.first)
+        } else {
+            format!("messages {}-{}", run.first, run.last)
+        };
+        MessageFate {
+            index: None,
+            role: Role::User,
+            fate: Fate::Inserted,
+            stage: Some("marker"),
+            reason: format!(
+                "put in by the proxy for {what}, dropped ({} chars); the model can bring them back with compaction_recall",
+                crate::engine::text::thousands(run.chars)
+            ),
+            original_chars: 0,
+            chars: run.marker_chars,
+            decision: None,
+            tool_calls: Vec::new(),
+            recall_id: Some(run.id.clone()),
+            stands_for: Some([run.first, run.last]),
+        }
+    };
+    for line in lines {
+        let index = line.index;
+        out.push(line);
+        while let Some(run) = runs.next_if(|r| index.is_some_and(|i| i >= r.last)) {
+            out.push(marker(run));
+        }
+    }
+    out.extend(runs.map(marker));
+    out
+}
+
+/// A live report with `"recalled": true` on every line whose recall id
+/// the model recalled (`recalled`: the ids answered, a long original's
+/// `…@start-end` rest counting as its id). The report is serialised JSON
+/// whose lines end with their `recall_id` ([`MessageFate`]), and an id
+/// is plain ASCII that no JSON string's escaped contents can spell with
+/// its quotes, so the field is spliced in after each `"recall_id":"<id>"`.
+pub fn mark_recalled(report: &[u8], recalled: &[String]) -> Vec<u8> {
+    let mut ids: Vec<&str> = recalled
+        .iter()
+        .map(|id| id.split_once('@').map_or(id.as_str(), |(base, _)| base))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut out = report.to_vec();
+    for id in ids {
+        let needle = format!("\"recall_id\":\"{id}\"");
+        let mut from = 0;
+        while let Some(at) = memchr::memmem::find(&out[from..], needle.as_bytes()) {
+            let end = from + at + needle.len();
+            out.splice(end..end, b",\"recalled\":true".iter().copied());
+            from = end;
+        }
+    }
+    out
 }
 
 /// Stable mode forwards what its replay kept, not what one engine run over
@@ -329,8 +422,9 @@ fn follow_the_replay(
         }
     }
     for line in lines.iter_mut() {
-        let item = &conversation.items[line.index];
-        match planned.get(line.index).copied().flatten() {
+        let Some(index) = line.index else { continue };
+        let item = &conversation.items[index];
+        match planned.get(index).copied().flatten() {
             None => {
                 if line.fate != Fate::Dropped {
                     line.fate = Fate::Dropped;
@@ -365,10 +459,11 @@ fn follow_the_replay(
 fn attach_decisions(lines: &mut [MessageFate], decisions: Vec<CallDecision>) {
     let mut by_index: Vec<Option<usize>> = Vec::new();
     for (pos, line) in lines.iter().enumerate() {
-        if by_index.len() <= line.index {
-            by_index.resize(line.index + 1, None);
+        let Some(index) = line.index else { continue };
+        if by_index.len() <= index {
+            by_index.resize(index + 1, None);
         }
-        by_index[line.index] = Some(pos);
+        by_index[index] = Some(pos);
     }
     let line_of = |i: usize| by_index.get(i).copied().flatten();
     for call in decisions {
@@ -431,6 +526,37 @@ impl ReportStore {
 
     pub fn get(&self, id: &str) -> Option<Bytes> {
         self.reports.get(id)
+    }
+}
+
+/// What recall did for requests whose report is kept, by report id, for
+/// as long as reports are: filled when the answer goes out, joined to the
+/// report when it is read (the report is made before the answer).
+pub struct RecalledStore {
+    done: Cache<String, std::sync::Arc<crate::compaction::recall::Recalled>>,
+}
+
+impl Default for RecalledStore {
+    fn default() -> Self {
+        RecalledStore {
+            done: Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(REPORT_TTL)
+                .build(),
+        }
+    }
+}
+
+impl RecalledStore {
+    pub fn insert(&self, report_id: String, done: crate::compaction::recall::Recalled) {
+        self.done.insert(report_id, std::sync::Arc::new(done));
+    }
+
+    pub fn get(
+        &self,
+        report_id: &str,
+    ) -> Option<std::sync::Arc<crate::compaction::recall::Recalled>> {
+        self.done.get(report_id)
     }
 }
 
@@ -520,7 +646,7 @@ mod tests {
         let roles: Vec<Role> = messages.iter().map(|m| m.role).collect();
         let lines = fates(&report, &roles);
         assert_eq!(lines.len(), messages.len(), "{lines:#?}");
-        let by_index = |i: usize| lines.iter().find(|l| l.index == i).unwrap();
+        let by_index = |i: usize| lines.iter().find(|l| l.index == Some(i)).unwrap();
         assert_eq!(
             (by_index(0).fate, by_index(0).stage),
             (Fate::Kept, Some("pin"))

@@ -96,9 +96,12 @@ class Script:
     PATTERNS = ["fn ", "pub struct", "impl ", "Result<", "match ", "tracing::",
                 "serde_json", "pub fn", "#[test]", "Option<"]
 
-    def __init__(self, tree, turns):
+    def __init__(self, tree, turns, recall_file=None):
         self.tree = os.path.abspath(tree) if tree else os.getcwd()
         self.turns = turns
+        # --recall-file: turn 0 reads this file, and the model asks for it
+        # back with compaction_recall once the proxy has cut it (see Recall)
+        self.recall_file = recall_file
         files, dirs = [], set()
         for root, _, names in os.walk(os.path.join(self.tree, "src")):
             for name in names:
@@ -111,6 +114,8 @@ class Script:
         self.dirs = sorted(dirs) or ["."]
 
     def action(self, k):
+        if k == 0 and self.recall_file:
+            return {"kind": "read", "path": self.recall_file}
         f = self.files[(k * 7) % len(self.files)]
         kind = ["read", "grep", "read", "list", "shell"][k % 5]
         if kind == "read":
@@ -218,6 +223,57 @@ def is_agent_compaction(text):
             or "summarize the conversation" in t
             or "provide a detailed summary" in t
             or "respond with text only" in t)
+
+
+# ------------------------------------------------------------- recall
+
+RECALL_TOOL = "compaction_recall"
+RECALL_ID_RE = re.compile(r"compaction_recall id: (rc_[A-Za-z0-9_.\-]+)")
+RECALL_ANSWER = "[compaction_recall rc_"
+SECRET_RE = re.compile(r"VAULT-TOKEN-[0-9A-F]+")
+
+
+class Recall:
+    """What the model does with compaction-proxy's `compaction_recall` tool
+    (--recall-file): the file turn 0 read holds a token in its middle; once
+    the proxy has cut or dropped that tool result, the model calls the tool
+    with the id of the marker that stands for it, and once the tool's
+    answer is in the request it ends the session with the token."""
+
+    # --recall-then-continue: sessions whose recall was answered go on with
+    # the script instead of ending
+    go_on = False
+    answered = set()
+
+    @staticmethod
+    def step(session, tools, results, raw):
+        """None (go on with the script), ("call", ids) or ("answer", text).
+        results: (tool call id, text) of every tool result in the request."""
+        if RECALL_TOOL not in {name for name, _ in tools} or session in Recall.answered:
+            return None
+        answers = [text for _, text in results if text.startswith(RECALL_ANSWER)]
+        if answers and Recall.go_on:
+            Recall.answered.add(session)
+            return None
+        if answers:
+            found = SECRET_RE.search("\n".join(answers))
+            if found:
+                return "answer", f"The vault token in the file I read first is {found.group(0)}."
+            return "answer", "I could not get the vault token back."
+        first = [text for cid, text in results if cid.endswith(f"h{session}t0")]
+        if first:
+            ids = [i for i in RECALL_ID_RE.findall(first[0]) if i.startswith("rc_t")]
+        else:
+            # the result was dropped: the markers of the dropped runs
+            ids = [i for i in dict.fromkeys(RECALL_ID_RE.findall(raw)) if i.startswith("rc_d")]
+        return ("call", ids[-1:] if first else ids) if ids else None
+
+
+def result_text(block):
+    c = block.get("content")
+    if isinstance(c, str):
+        return c
+    return "".join(p.get("text", "") for p in c or [] if isinstance(p, dict))
 
 
 # ------------------------------------------------------------- bookkeeping
@@ -610,7 +666,8 @@ RESUME_RE = re.compile(r"harness-resume h([0-9a-f]{8})t(\d+)")
 
 class Upstream:
     def __init__(self, args):
-        self.script = Script(args.tree, args.turns)
+        self.script = Script(args.tree, args.turns, args.recall_file)
+        Recall.go_on = args.recall_then_continue
         self.sessions = Sessions()
         self.recorder = Recorder(args.log_dir)
         self.prefix_check = not args.no_prefix_check
@@ -774,9 +831,23 @@ class Handler(BaseHTTPRequestHandler):
             content.append({"type": "thinking", "thinking": text,
                             "signature": sign(binding_prefix(dict(body, messages=msgs + [{"role": "assistant", "content": []}]),
                                                              len(msgs), 0), text)})
+        recall = None
+        if self.up.script.recall_file and not agent_compaction:
+            results_all = [(b.get("tool_use_id", ""), result_text(b)) for m in msgs if m.get("role") == "user"
+                           for b in blocks_of(m.get("content")) if b.get("type") == "tool_result"]
+            recall = Recall.step(session, tools, results_all, self.raw_text)
         if agent_compaction:
             content.append({"type": "text", "text": summary_text(session, turn)})
             kind = "agent-compaction"
+        elif recall and recall[0] == "call":
+            content.append({"type": "text", "text": "The file I read first was cut; I will recall it."})
+            content.append({"type": "tool_use", "id": f"toolu_h{session}t{turn}recall", "name": RECALL_TOOL,
+                            "input": {"ids": recall[1]}})
+            kind = "recall-call"
+            entry["recall_ids"] = recall[1]
+        elif recall:
+            content.append({"type": "text", "text": recall[1]})
+            kind = "recall-answer"
         elif tools and turn < self.up.script.turns:
             name, args = self.up.script.call(turn, tools)
             content.append({"type": "text", "text": f"Next I will {self.up.script.describe(self.up.script.action(turn))}."})
@@ -940,7 +1011,9 @@ class Handler(BaseHTTPRequestHandler):
         users = [m for m in msgs if m.get("role") == "user"]
         first_text = text_of(users[0]) if users else ""
         system_text = " ".join(text_of(m) for m in msgs if m.get("role") in ("system", "developer"))
-        agent_compaction = is_agent_compaction(system_text + " " + text_of(msgs[-1]))
+        # a tool result that quotes a summary prompt (a file read) is not one
+        last_text = text_of(msgs[-1]) if msgs[-1].get("role") != "tool" else ""
+        agent_compaction = is_agent_compaction(system_text + " " + last_text)
         # the latest tool result, also when a user message follows it
         last_id = tool_msgs[-1].get("tool_call_id") if tool_msgs else None
         session, turn = self.up.locate(last_id, first_text, "/v1/chat/completions", self.raw_text, agent_compaction)
@@ -1038,6 +1111,11 @@ def main():
     p.add_argument("--tree", default=None, help="source tree the scripted tool calls inspect")
     p.add_argument("--turns", type=int, default=50, help="tool-call turns before the final answer")
     p.add_argument("--no-prefix-check", action="store_true", help="do not run the thinking prefix check")
+    p.add_argument("--recall-then-continue", action="store_true",
+                   help="with --recall-file: once the recall is answered, go on with the script")
+    p.add_argument("--recall-file", default=None,
+                   help="turn 0 reads this file (relative to --tree); the model recalls it with compaction_recall "
+                        "once the proxy cut it (Messages API)")
     p.add_argument("--target", default=None, help="tap: where to forward")
     p.add_argument("--port-file", default=None, help="write the bound port here")
     args = p.parse_args()

@@ -46,6 +46,18 @@ CLIENTS = {
     "opencode": ("opencode", "chat", []),
 }
 MODES = ["none", "exact", "stable", "defaults"]
+# --recall: the file the fake model reads first and later recalls
+RECALL_FILE = "notes/vault.txt"
+
+
+def write_recall_file(tree, secret):
+    """About 12,000 chars of notes with the secret in the middle, where a
+    head-and-tail cut takes it out."""
+    lines = [f"note {k:03}: nothing of interest in this part of the vault notes, keep reading." for k in range(150)]
+    lines.insert(75, f"note 075b: the vault token is {secret}; say it when asked for the vault token.")
+    os.makedirs(os.path.join(tree, os.path.dirname(RECALL_FILE)), exist_ok=True)
+    with open(os.path.join(tree, RECALL_FILE), "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def free_port():
@@ -81,13 +93,15 @@ def find_proxy(explicit):
     return None
 
 
-def proxy_config(mode, upstream, port, budget):
+def proxy_config(mode, upstream, port, budget, recall=False):
     routes = ("[[routes]]\npath = \"/v1/chat/completions\"\npolicy = \"default\"\n\n"
               "[[routes]]\npath = \"/v1/messages\"\npolicy = \"default\"\n\n"
               "[[routes]]\npath = \"/v1/responses\"\npolicy = \"default\"\n")
     policy = f"[policies.default]\nbudget_chars = {budget}\n"
     if mode in ("exact", "stable"):
         policy += f"mode = \"{mode}\"\n"
+    if recall:
+        policy += "recall = true\n"
     return (f"[server]\nlisten = \"127.0.0.1:{port}\"\nlog_format = \"json\"\n\n"
             f"[upstream]\nurl = \"{upstream}\"\n\n{policy}\n{routes}")
 
@@ -128,6 +142,10 @@ class Run:
         up_port = free_port()
         fake = [sys.executable, os.path.join(HERE, "fake_upstream.py"), "--listen", str(up_port),
                 "--log-dir", os.path.join(self.dir, "upstream"), "--tree", a.tree, "--turns", str(a.turns)]
+        if a.recall:
+            fake += ["--recall-file", RECALL_FILE]
+        if a.recall == "continue":
+            fake += ["--recall-then-continue"]
         wait_port(up_port, self.spawn(fake, "fake-upstream"))
         base = f"http://127.0.0.1:{up_port}"
         if self.mode == "none":
@@ -135,7 +153,7 @@ class Run:
         proxy_port, tap_port = free_port(), free_port()
         cfg = os.path.join(self.dir, "proxy.toml")
         with open(cfg, "w") as f:
-            f.write(proxy_config(self.mode, base, proxy_port, a.budget))
+            f.write(proxy_config(self.mode, base, proxy_port, a.budget, a.recall))
         wait_port(proxy_port, self.spawn([a.proxy, "--config", cfg], "proxy"))
         tap = [sys.executable, os.path.join(HERE, "fake_upstream.py"), "tap", "--listen", str(tap_port),
                "--target", f"http://127.0.0.1:{proxy_port}", "--log-dir", os.path.join(self.dir, "tap")]
@@ -283,6 +301,13 @@ def summarise(run_dir):
         "extends": sum(1 for e in followers if e["bill"]["extends"]),
         "follow_turns": len(followers),
         "dropped_thinking": sum(e.get("dropped_thinking", 0) for e in ok),
+        # --recall: the model's compaction_recall calls (which the proxy
+        # answers itself) and its answers from what came back
+        "recall_calls": [e.get("recall_ids") for e in ok if e.get("kind") == "recall-call"],
+        "recall_answers": sum(1 for e in ok if e.get("kind") == "recall-answer"),
+        "recall_rounds": sum(int(e.get("compaction", {}).get("x-compaction-recall-rounds", 0)) for e in tap),
+        "recalled_ids": [e["compaction"]["x-compaction-recalled-ids"] for e in tap
+                         if "x-compaction-recalled-ids" in e.get("compaction", {})],
     }
 
 
@@ -323,6 +348,11 @@ def main():
                    help="also make the agents compact their own history (Claude Code /compact after the session)")
     p.add_argument("--agent-compact-tokens", type=int, default=0,
                    help="Codex model_auto_compact_token_limit; opencode context limit = 2x this (0: off)")
+    p.add_argument("--recall", nargs="?", const="end", default=None, choices=["end", "continue"],
+                   help="recall = true on the proxy's policy; the fake model reads a file holding a secret token "
+                        "first and, once the proxy cut it, recalls it with compaction_recall and answers with "
+                        "the token (Claude Code: the Messages API); --recall continue: the session goes on "
+                        "with its script after the recall")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="agents-"))
@@ -334,6 +364,7 @@ def main():
     # The tree the agents inspect: this repository's src/, at one fixed path
     # so that every mode sees the same tool output.
     args.tree = os.path.join(args.work, "tree")
+    args.secret = "VAULT-TOKEN-" + os.urandom(6).hex().upper()
     results = []
     for client in [c for c in args.clients.split(",") if c]:
         if not installed(CLIENTS[client][0]):
@@ -342,6 +373,8 @@ def main():
         for mode in modes:
             shutil.rmtree(args.tree, ignore_errors=True)
             shutil.copytree(os.path.join(REPO, "src"), os.path.join(args.tree, "src"))
+            if args.recall:
+                write_recall_file(args.tree, args.secret)
             run = Run(args, client, mode)
             try:
                 rc, seconds = run.drive()
@@ -355,7 +388,8 @@ def main():
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"turns": args.turns, "budget": args.budget, "results": results}, f, indent=1)
+            json.dump({"turns": args.turns, "budget": args.budget, "results": results,
+                       "secret": args.secret if args.recall else None}, f, indent=1)
     print(f"\nlogs: {args.work}")
 
 

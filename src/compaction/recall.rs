@@ -54,6 +54,19 @@ impl RecallLimits {
     };
 }
 
+/// What recall did for one request, once its answer went out: what the
+/// live report (`recall`) and the inspector say of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Recalled {
+    /// Follow-up requests the proxy sent upstream.
+    pub rounds: usize,
+    /// The ids answered, in the order the model asked for them.
+    pub recalled_ids: Vec<String>,
+    /// Ids refused (not in this request's markers, changed, out of range,
+    /// over the size limit).
+    pub refused_ids: usize,
+}
+
 /// What every marker says before the id, so [`forwarded_ids`] finds them.
 const ID_LEAD: &str = "compaction_recall id: ";
 
@@ -227,6 +240,22 @@ pub struct Marked {
     pub ids: Vec<String>,
     /// Chars the markers added.
     pub added_chars: usize,
+    /// What each marker message of `inserts` stands for, in the same order.
+    pub runs: Vec<DroppedRun>,
+}
+
+/// A run of dropped items one marker message stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedRun {
+    /// The marker message's recall id.
+    pub id: String,
+    /// The first and last dropped item, inclusive.
+    pub first: usize,
+    pub last: usize,
+    /// The dropped items' chars.
+    pub chars: usize,
+    /// The marker message's own chars.
+    pub marker_chars: usize,
 }
 
 /// Puts a marker with its recall id wherever `plan` cut `parsed`'s items.
@@ -298,6 +327,13 @@ pub fn mark(parsed: &Parsed, plan: &mut Plan) -> Marked {
                 let text = dropped_marker(&id, last - first + 1, chars);
                 marked.added_chars += char_count(&text);
                 marked.inserts.push((at, marker_item(parsed.format, &text)));
+                marked.runs.push(DroppedRun {
+                    id: id.clone(),
+                    first,
+                    last,
+                    chars,
+                    marker_chars: char_count(&text),
+                });
                 marked.ids.push(id);
             }
         }
@@ -445,6 +481,14 @@ mod tests {
         assert!(marked.ids[1].starts_with("rc_d1-2_"));
         assert_eq!(marked.inserts.len(), 1);
         assert_eq!(marked.inserts[0].0, 1, "before the trimmed survivor");
+        assert_eq!(
+            (
+                marked.runs[0].id.as_str(),
+                marked.runs[0].first,
+                marked.runs[0].last
+            ),
+            (marked.ids[1].as_str(), 1, 2)
+        );
         let text = plan.items[1].text.as_deref().unwrap();
         assert!(text.starts_with(
             "a long answer\n[compaction-proxy cut 17 chars here; compaction_recall id: rc_t3_"

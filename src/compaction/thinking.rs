@@ -125,6 +125,59 @@ pub fn stale_only(conversation: &Conversation, budget_chars: usize) -> Option<Pl
         .then_some(plan)
 }
 
+/// `recall = true`: the proxy adds its `compaction_recall` tool to a
+/// request exactly when markers go with it ([`super::recall`]), and the
+/// tools are part of every block's prefix. So a block whose producing
+/// request carried no marker was made without the tool, and is stale now
+/// that the tool goes. Its producing request is the forwarded conversation
+/// before it, as the block is kept only while that is unchanged: it carried
+/// a marker when a marker message (`inserts`, each placed before the plan's
+/// item at its position) or a cut item (a marked text or arguments) comes
+/// before the block. Marks every kept block before the first marker as
+/// [`stale_exact`](strip_stale_exact) would (the open loop's last turn
+/// [`Reasoning::Stale`], the others stripped); returns how many lose them.
+///
+/// Later blocks need nothing: in exact mode a block after a cut is stripped
+/// already, and in stable mode each later block was made by a request that
+/// had the markers and the tool, and the blocks stripped here, as now.
+pub fn strip_made_without_the_tool(
+    conversation: &Conversation,
+    plan: &mut Plan,
+    inserts: &[(usize, String)],
+) -> usize {
+    let items = &conversation.items;
+    if !items.iter().any(|item| item.thinking.is_some()) {
+        return 0;
+    }
+    let first_insert = inserts.iter().map(|(at, _)| *at).min();
+    let open = open_loop_turn(plan.items.iter().map(|p| &items[p.index]));
+    let mut stripped = 0;
+    for (position, planned) in plan.items.iter_mut().enumerate() {
+        if first_insert.is_some_and(|at| at <= position) {
+            break;
+        }
+        let item = &items[planned.index];
+        if item.thinking.is_some() && planned.thinking == Reasoning::AsTheyCame {
+            if Some(position) == open {
+                planned.thinking = Reasoning::Stale;
+            } else {
+                planned.thinking = Reasoning::Stripped;
+                stripped += 1;
+            }
+        }
+        let cut_text = planned.text.as_ref().is_some_and(|t| *t != item.text);
+        let cut_arguments = planned.arguments.iter().any(|(call, args)| {
+            item.tool_calls
+                .get(*call)
+                .is_some_and(|c| c.arguments != *args)
+        });
+        if cut_text || cut_arguments {
+            break;
+        }
+    }
+    stripped
+}
+
 /// Whether a planned item is forwarded as it came.
 pub(crate) fn is_verbatim(planned: &Planned) -> bool {
     planned.text.is_none()
@@ -168,6 +221,30 @@ mod tests {
             .filter(|p| p.thinking == Reasoning::Stripped)
             .map(|p| p.index)
             .collect()
+    }
+
+    #[test]
+    fn with_the_recall_tool_added_reasoning_before_the_first_marker_is_stale() {
+        let c = conversation();
+        // Exact mode kept turn 1 (nothing before it changed, its request
+        // fit), and item 2 was cut, with a marker: turn 1 was made without
+        // the tool that goes now.
+        let mut plan = plan_of(&[0, 1, 2, 3, 4]);
+        plan.items[2].text = Some("u".into());
+        assert_eq!(strip_stale_exact(&c, &mut plan, 10_000), 1);
+        assert_eq!(stripped(&plan), [3]);
+        assert_eq!(strip_made_without_the_tool(&c, &mut plan, &[]), 1);
+        assert_eq!(stripped(&plan), [1, 3]);
+        // A marker message before turn 1: its request had the marker and
+        // the tool, so turn 1 keeps its reasoning.
+        let mut plan = plan_of(&[0, 1, 2, 3, 4]);
+        let marker = vec![(1, "{}".to_owned())];
+        assert_eq!(strip_made_without_the_tool(&c, &mut plan, &marker), 0);
+        assert!(stripped(&plan).is_empty());
+        // A marker message after it: stale.
+        let marker = vec![(2, "{}".to_owned())];
+        assert_eq!(strip_made_without_the_tool(&c, &mut plan, &marker), 1);
+        assert_eq!(stripped(&plan), [1]);
     }
 
     #[test]

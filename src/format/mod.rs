@@ -396,6 +396,12 @@ impl Parsed<'_> {
         (model.map(Cow::into_owned), max_output)
     }
 
+    /// Whether the `compaction_recall` tool would be added to this body
+    /// (its `tools` and `tool_choice` allow it: [`recall::add_tool`]).
+    pub fn takes_recall_tool(&self) -> bool {
+        recall::adds_tool(self.format, self.body)
+    }
+
     /// The bytes of item `i` as it came.
     pub fn item_bytes(&self, i: usize) -> &[u8] {
         self.body[self.wire[i].span.clone()].as_bytes()

@@ -99,9 +99,18 @@ fn choice_allows_recall(format: Format, choice: &Value) -> bool {
     }
 }
 
-/// `body` with the recall tool added at the end of its `tools` (created
-/// when it has none), or why not.
-pub fn add_tool(format: Format, body: &str) -> Result<String, NotAdded> {
+/// Whether [`add_tool`] adds the tool to `body` (it reads only the
+/// `tools` and `tool_choice` fields).
+pub fn adds_tool(format: Format, body: &str) -> bool {
+    tools_taking_recall(format, body).is_ok()
+}
+
+/// `body`'s `tools` (its raw text when present and not null, and the
+/// list), when the recall tool may join them.
+fn tools_taking_recall(
+    format: Format,
+    body: &str,
+) -> Result<(Option<&serde_json::value::RawValue>, Vec<Value>), NotAdded> {
     let [tools, choice] =
         read_top(body, ["tools", "tool_choice"]).map_err(|_| NotAdded::Unreadable)?;
     if let Some(choice) = choice {
@@ -110,14 +119,24 @@ pub fn add_tool(format: Format, body: &str) -> Result<String, NotAdded> {
             return Err(NotAdded::ToolChoice);
         }
     }
+    let tools = tools.filter(|t| t.get() != "null");
+    let list: Vec<Value> = match tools {
+        Some(raw) => serde_json::from_str(raw.get()).map_err(|_| NotAdded::Unreadable)?,
+        None => Vec::new(),
+    };
+    if list.iter().any(|t| tool_name(format, t) == Some(TOOL_NAME)) {
+        return Err(NotAdded::ClientTool);
+    }
+    Ok((tools, list))
+}
+
+/// `body` with the recall tool added at the end of its `tools` (created
+/// when it has none), or why not.
+pub fn add_tool(format: Format, body: &str) -> Result<String, NotAdded> {
+    let (tools, list) = tools_taking_recall(format, body)?;
     let tool = tool(format);
-    match tools.filter(|t| t.get() != "null") {
+    match tools {
         Some(raw) => {
-            let list: Vec<Value> =
-                serde_json::from_str(raw.get()).map_err(|_| NotAdded::Unreadable)?;
-            if list.iter().any(|t| tool_name(format, t) == Some(TOOL_NAME)) {
-                return Err(NotAdded::ClientTool);
-            }
             let at = span(body, raw.get());
             let close = body[..at.end].rfind(']').ok_or(NotAdded::Unreadable)?;
             let sep = if list.is_empty() { "" } else { "," };

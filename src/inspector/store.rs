@@ -66,6 +66,10 @@ pub struct Summary {
     pub estimated_saving: Option<EstimatedSaving>,
     /// The side-by-side view is still being computed.
     pub pending: bool,
+    /// What recall did (`recall = true` with markers forwarded), once the
+    /// answer went out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recall: Option<crate::compaction::recall::Recalled>,
 }
 
 fn as_str<S: serde::Serializer>(text: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
@@ -162,17 +166,32 @@ impl RecentRequests {
     /// Adds a request's side-by-side view. A view larger than the whole
     /// byte bound is not kept: the line stays, without it.
     pub fn set_detail(&self, id: &str, detail: Detail) {
-        let mut detail = Some(Arc::new(detail));
         let max_bytes = self.max_bytes;
         self.update(id, |entry| {
             entry.summary.pending = false;
-            if detail.as_ref().is_some_and(|d| d.bytes() > max_bytes / 2) {
+            if detail.bytes() > max_bytes / 2 {
                 entry.detail = Some(Arc::new(Detail::unavailable(
                     "larger than the inspector keeps (inspector.max_bytes)",
                 )));
-            } else {
-                entry.detail = detail.take();
+                return;
             }
+            let mut detail = detail;
+            // What recall did may be known before the view is made.
+            if let Some(done) = &entry.summary.recall {
+                detail.mark_recalled(&done.recalled_ids);
+            }
+            entry.detail = Some(Arc::new(detail));
+        });
+    }
+
+    /// What recall did for the request: its line says it, and its view
+    /// marks the recalled messages.
+    pub fn set_recall(&self, id: &str, done: crate::compaction::recall::Recalled) {
+        self.update(id, |entry| {
+            if let Some(detail) = &mut entry.detail {
+                Arc::make_mut(detail).mark_recalled(&done.recalled_ids);
+            }
+            entry.summary.recall = Some(done);
         });
     }
 
@@ -283,6 +302,7 @@ mod tests {
             usage: None,
             estimated_saving: None,
             pending: true,
+            recall: None,
         }
     }
 

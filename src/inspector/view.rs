@@ -73,6 +73,16 @@ pub struct Row {
     pub decision: Option<UnitDecision>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<CallDecision>,
+    /// `recall = true`: the recall id of the marker that stands for this
+    /// message's cut content, or that this marker row is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recall_id: Option<String>,
+    /// The model recalled that id while answering this request.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub recalled: bool,
+    /// A marker row: the input messages it stands for, first and last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stands_for: Option<[usize; 2]>,
 }
 
 /// The stable-mode prefix: the leading forwarded messages the previous
@@ -128,6 +138,29 @@ impl Detail {
             + self.summaries.iter().map(String::len).sum::<usize>()
     }
 
+    /// Marks the rows whose recall id the model recalled (`recalled`: the
+    /// ids answered, a long original's `…@start-end` rest counting as its
+    /// id): an input message's row becomes `recalled`; a marker row keeps
+    /// its mark and says it was recalled.
+    pub fn mark_recalled(&mut self, recalled: &[String]) {
+        let base = |id: &str| id.split_once('@').map_or(id, |(b, _)| b).to_owned();
+        let recalled: std::collections::BTreeSet<String> =
+            recalled.iter().map(|id| base(id)).collect();
+        for row in &mut self.rows {
+            if !row
+                .recall_id
+                .as_ref()
+                .is_some_and(|id| recalled.contains(id))
+            {
+                continue;
+            }
+            row.recalled = true;
+            if row.index.is_some() {
+                row.mark = Mark::Recalled;
+            }
+        }
+    }
+
     #[cfg(test)]
     pub fn for_test(text: &str) -> Self {
         let side = Side {
@@ -148,6 +181,9 @@ impl Detail {
                 forwarded: Some(side),
                 decision: None,
                 tool_calls: Vec::new(),
+                recall_id: None,
+                recalled: false,
+                stands_for: None,
             }],
             ..Detail::default()
         }
@@ -183,35 +219,71 @@ fn forwarded_items(explained: &Explained<'_, '_>) -> Vec<(Option<usize>, Side)> 
             .collect();
     };
     // The forwarded body, read back by its format: exactly what the model
-    // sees of each survivor.
-    let spliced = parsed.splice(plan);
+    // sees of each survivor and of each marker message put in.
+    let inserts = &explained.inserts;
+    let spliced = parsed.splice_inserting_all(plan, inserts);
+    // Input index of each forwarded element, in order.
+    let mut order: Vec<Option<usize>> = Vec::with_capacity(plan.items.len() + inserts.len());
+    let mut put_in = inserts.iter().peekable();
+    for (at, p) in plan.items.iter().enumerate() {
+        while put_in.next_if(|(before, _)| *before <= at).is_some() {
+            order.push(None);
+        }
+        order.push(Some(p.index));
+    }
+    order.extend(put_in.map(|_| None));
     if let Ok(forwarded) = parsed.format.parse(spliced.as_bytes(), usize::MAX) {
-        if forwarded.conversation.items.len() == plan.items.len() {
-            return plan
-                .items
-                .iter()
+        if forwarded.conversation.items.len() == order.len() {
+            return order
+                .into_iter()
                 .zip(&forwarded.conversation.items)
-                .map(|(p, item)| (Some(p.index), side_of(item)))
+                .map(|(index, item)| (index, side_of(item)))
                 .collect();
         }
     }
-    from_plan(plan, items)
+    from_plan(plan, inserts, items)
 }
 
 /// The forwarded items as the plan says (when the forwarded body cannot
 /// be read back item for item).
-fn from_plan(plan: &Plan, items: &[Item]) -> Vec<(Option<usize>, Side)> {
-    plan.items
-        .iter()
-        .filter_map(|p| {
-            let mut side = side_of(items.get(p.index)?);
-            if let Some(text) = &p.text {
-                side.text = text.clone();
-                side.chars = text.chars().count();
-            }
-            Some((Some(p.index), side))
-        })
-        .collect()
+fn from_plan(
+    plan: &Plan,
+    inserts: &[(usize, String)],
+    items: &[Item],
+) -> Vec<(Option<usize>, Side)> {
+    let marker = |element: &str| {
+        let text = crate::compaction::recall::forwarded_ids(element.as_bytes())
+            .into_iter()
+            .next()
+            .map_or_else(String::new, |id| format!("[marker {id}]"));
+        (
+            None,
+            Side {
+                role: Role::User,
+                chars: text.chars().count(),
+                text,
+                tool_calls: Vec::new(),
+            },
+        )
+    };
+    let mut out = Vec::new();
+    let mut put_in = inserts.iter().peekable();
+    for (at, p) in plan.items.iter().enumerate() {
+        while let Some((_, element)) = put_in.next_if(|(before, _)| *before <= at) {
+            out.push(marker(element));
+        }
+        let Some(item) = items.get(p.index) else {
+            continue;
+        };
+        let mut side = side_of(item);
+        if let Some(text) = &p.text {
+            side.text = text.clone();
+            side.chars = text.chars().count();
+        }
+        out.push((Some(p.index), side));
+    }
+    out.extend(put_in.map(|(_, element)| marker(element)));
+    out
 }
 
 /// The mark of a message the report describes as `line` (when it has a
@@ -253,7 +325,9 @@ fn mark_of(
 pub fn detail(explained: &Explained<'_, '_>) -> Detail {
     let items = &explained.parsed.conversation.items;
     let lines = &explained.report.messages;
-    let line_of = |i: usize| lines.iter().find(|l| l.index == i);
+    let line_of = |i: usize| lines.iter().find(|l| l.index == Some(i));
+    // The report's marker lines, in the order their messages are forwarded.
+    let mut marker_lines = lines.iter().filter(|l| l.index.is_none());
     let forwarded = forwarded_items(explained);
     let mut at: Vec<Option<(usize, &Side)>> = vec![None; items.len()];
     for (pos, (index, side)) in forwarded.iter().enumerate() {
@@ -263,22 +337,26 @@ pub fn detail(explained: &Explained<'_, '_>) -> Detail {
     }
     let mut rows = Vec::with_capacity(items.len());
     let mut next_forwarded = 0;
-    let put_in_until = |rows: &mut Vec<Row>, end: usize, next: &mut usize| {
+    let mut put_in_until = |rows: &mut Vec<Row>, end: usize, next: &mut usize| {
         // Messages the proxy put in, before forwarded position `end`.
         while *next < end {
             let (index, side) = &forwarded[*next];
             if index.is_none() {
+                let line = marker_lines.next();
                 rows.push(Row {
                     index: None,
                     position: Some(*next),
                     mark: Mark::Marker,
-                    fate: None,
-                    stage: None,
-                    reason: "put in by the proxy".into(),
+                    fate: line.map(|l| l.fate),
+                    stage: line.and_then(|l| l.stage),
+                    reason: line.map_or_else(|| "put in by the proxy".into(), |l| l.reason.clone()),
                     original: None,
                     forwarded: Some(side.clone()),
                     decision: None,
                     tool_calls: Vec::new(),
+                    recall_id: line.and_then(|l| l.recall_id.clone()),
+                    recalled: false,
+                    stands_for: line.and_then(|l| l.stands_for),
                 });
             }
             *next += 1;
@@ -306,6 +384,9 @@ pub fn detail(explained: &Explained<'_, '_>) -> Detail {
             forwarded: sent.map(|(_, s)| s.clone()),
             decision: line.and_then(|l| l.decision),
             tool_calls: line.map_or_else(Vec::new, |l| l.tool_calls.clone()),
+            recall_id: line.and_then(|l| l.recall_id.clone()),
+            recalled: false,
+            stands_for: None,
         });
     }
     put_in_until(&mut rows, forwarded.len(), &mut next_forwarded);
@@ -385,6 +466,7 @@ mod tests {
         // Every row agrees with the report's line for its message.
         for row in &view.rows {
             let line = &explained.report.messages[row.index.unwrap()];
+            assert_eq!(line.index, row.index);
             assert_eq!(row.fate, Some(line.fate));
             assert_eq!(row.forwarded.is_none(), line.fate == Fate::Dropped);
         }
@@ -423,9 +505,69 @@ mod tests {
     }
 
     #[test]
+    fn marker_messages_get_rows_of_their_own_and_recalled_rows_are_marked() {
+        let policy = policy(
+            "[policies.default]\nmode = \"exact\"\nbudget_chars = 400\nkeep_last_n = 1\nrecall = true\n",
+        );
+        let body = chat(&[
+            ("user", "the task statement".into()),
+            ("assistant", "old words nobody needs ".repeat(10)),
+            ("user", "more filler nobody needs ".repeat(10)),
+            ("assistant", "filler filler ".repeat(20)),
+            ("user", "the latest question".into()),
+        ]);
+        let explained =
+            crate::explain::explain(&body, "default", &policy, Format::Chat, 1000).unwrap();
+        let lines = &explained.report.messages;
+        let marker_line = lines.iter().find(|l| l.stage == Some("marker")).unwrap();
+        let id = marker_line.recall_id.clone().unwrap();
+        let [first, last] = marker_line.stands_for.unwrap();
+        let mut view = detail(&explained);
+        assert_eq!(view.rows.len(), lines.len(), "{view:#?}");
+        for (row, line) in view.rows.iter().zip(lines) {
+            assert_eq!(row.index, line.index);
+            assert_eq!(row.recall_id, line.recall_id);
+        }
+        let marker = view.rows.iter().find(|r| r.mark == Mark::Marker).unwrap();
+        assert_eq!(marker.index, None);
+        assert_eq!(marker.recall_id.as_deref(), Some(id.as_str()));
+        let forwarded = marker.forwarded.as_ref().unwrap();
+        assert!(forwarded.text.contains(&id), "{forwarded:?}");
+        assert_eq!(forwarded.chars, marker_line.chars);
+        // The right side is what was forwarded, marker included.
+        let spliced = explained
+            .parsed
+            .splice_inserting_all(explained.plan.as_ref().unwrap(), &explained.inserts);
+        let sent = Format::Chat.parse(spliced.as_bytes(), 1000).unwrap();
+        let shown: Vec<&str> = view
+            .rows
+            .iter()
+            .filter_map(|r| r.forwarded.as_ref().map(|s| s.text.as_str()))
+            .collect();
+        let sent: Vec<&str> = sent
+            .conversation
+            .items
+            .iter()
+            .map(|i| i.text.as_str())
+            .collect();
+        assert_eq!(shown, sent);
+
+        view.mark_recalled(&[format!("{id}@3-9")]);
+        for row in &view.rows {
+            let in_run = row.index.is_some_and(|i| (first..=last).contains(&i));
+            assert_eq!(row.recalled, in_run || row.index.is_none(), "{row:?}");
+            assert_eq!(row.mark == Mark::Recalled, in_run, "{row:?}");
+        }
+        assert_eq!(
+            view.rows.iter().filter(|r| r.mark == Mark::Marker).count(),
+            1
+        );
+    }
+
+    #[test]
     fn marks_follow_the_stage_for_summaries_markers_and_recall() {
         let line = |stage: &'static str| MessageFate {
-            index: 0,
+            index: Some(0),
             role: Role::User,
             fate: Fate::Kept,
             stage: Some(stage),
@@ -435,6 +577,7 @@ mod tests {
             decision: None,
             tool_calls: Vec::new(),
             recall_id: None,
+            stands_for: None,
         };
         assert_eq!(
             mark_of(Some(&line("summarize")), false, false).0,

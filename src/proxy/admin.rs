@@ -24,6 +24,8 @@ pub struct Handles<'a> {
     pub reports: &'a ReportStore,
     /// Bills of reported requests whose answer ended, added to their report.
     pub bills: &'a crate::usage::BillStore,
+    /// What recall did for reported requests whose answer went out.
+    pub recalled: &'a crate::explain::RecalledStore,
     /// The compaction permits `/v1/memory-compact` shares with the proxy.
     pub compactions: &'a Arc<tokio::sync::Semaphore>,
     pub buffers: &'a Arc<BufferBudget>,
@@ -52,20 +54,42 @@ pub fn is_admin_path(path: &str) -> bool {
 /// no usage). Reports are serialised objects, so the field is spliced in
 /// before the closing brace.
 fn with_bill(report: Bytes, bill: Option<&crate::usage::Bill>) -> Bytes {
+    with_field(report, "bill", &bill)
+}
+
+/// A report with what recall did for its request once the answer went
+/// out (`recall = true` with markers forwarded): the lines whose recall
+/// id the model recalled say `"recalled": true`, and a `recall` field
+/// gives the rounds, the recalled ids and the refused count. Reports of
+/// requests recall was not active for are as they were.
+fn with_recalled(report: Bytes, done: Option<&crate::compaction::recall::Recalled>) -> Bytes {
+    let Some(done) = done else {
+        return report;
+    };
+    let marked = crate::explain::mark_recalled(&report, &done.recalled_ids);
+    with_field(marked.into(), "recall", done)
+}
+
+/// `report` (a serialised object) with `key` set to `value` as its last
+/// field, spliced in before the closing brace.
+fn with_field(report: Bytes, key: &str, value: &impl serde::Serialize) -> Bytes {
     let Some(close) = report.iter().rposition(|&b| b == b'}') else {
         return report;
     };
-    let bill = serde_json::to_vec(&bill).expect("bills serialise");
-    let mut out = Vec::with_capacity(report.len() + bill.len() + 10);
+    let value = serde_json::to_vec(value).expect("report fields serialise");
+    let mut out = Vec::with_capacity(report.len() + value.len() + key.len() + 4);
     out.extend_from_slice(&report[..close]);
     let empty = report[..close]
         .iter()
         .rev()
         .find(|b| !b.is_ascii_whitespace())
         == Some(&b'{');
-    let key: &[u8] = if empty { b"\"bill\":" } else { b",\"bill\":" };
-    out.extend_from_slice(key);
-    out.extend_from_slice(&bill);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(&serde_json::to_vec(key).expect("keys serialise"));
+    out.push(b':');
+    out.extend_from_slice(&value);
     out.extend_from_slice(&report[close..]);
     out.into()
 }
@@ -102,6 +126,7 @@ pub async fn handle(
                 &Method::GET => state
                     .reports
                     .get(id)
+                    .map(|report| with_recalled(report, state.recalled.get(id).as_deref()))
                     .map(|report| with_bill(report, state.bills.get(id).as_deref()))
                     .ok_or(ProxyError::ReportNotFound),
                 other => Err(ProxyError::MethodNotAllowed(other.clone(), "GET")),
@@ -234,6 +259,41 @@ mod tests {
         assert_eq!(value["bill"]["usage"]["uncached_input"], 100);
         assert_eq!(value["bill"]["family"], "gpt-4o");
         assert_eq!(value["bill"]["cost"], 0.5);
+    }
+
+    #[test]
+    fn a_report_marks_the_lines_whose_id_was_recalled_and_says_what_recall_did() {
+        let report = Bytes::from_static(
+            br#"{"messages":[{"index":1,"reason":"\"recall_id\":\"rc_d1-2_00000000000000aa\"","recall_id":"rc_d1-2_00000000000000aa"},{"index":2,"recall_id":"rc_d1-2_00000000000000aa"},{"index":null,"recall_id":"rc_d1-2_00000000000000aa","stands_for":[1,2]},{"index":3,"recall_id":"rc_t3_00000000000000bb"},{"index":4}]}"#,
+        );
+        let done = crate::compaction::recall::Recalled {
+            rounds: 1,
+            recalled_ids: vec!["rc_d1-2_00000000000000aa@10-20".into()],
+            refused_ids: 2,
+        };
+        let out = with_bill(with_recalled(report.clone(), Some(&done)), None);
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let recalled: Vec<bool> = value["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["recalled"] == true)
+            .collect();
+        assert_eq!(recalled, [true, true, true, false, false]);
+        // A reason that spells the pattern inside its string is left alone.
+        assert_eq!(
+            value["messages"][0]["reason"],
+            "\"recall_id\":\"rc_d1-2_00000000000000aa\""
+        );
+        assert_eq!(value["recall"]["rounds"], 1);
+        assert_eq!(value["recall"]["refused_ids"], 2);
+        assert_eq!(
+            value["recall"]["recalled_ids"][0],
+            "rc_d1-2_00000000000000aa@10-20"
+        );
+        assert_eq!(value["bill"], serde_json::Value::Null);
+        // No recall for the request: the report is as it was.
+        assert_eq!(with_recalled(report.clone(), None), report);
     }
 
     #[test]

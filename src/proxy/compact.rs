@@ -17,7 +17,7 @@ use crate::cache::CompactionCache;
 use crate::compaction::stable::Checkpoints;
 use crate::error::ProxyError;
 use crate::format::{Format, Skip};
-use crate::outcome::{Outcome, Status};
+use crate::outcome::{LossSummary, Outcome, Status};
 use crate::policy::{CompiledPolicy, Resolution, Runtime};
 
 /// Bodies up to this size are decided on the connection's worker: below it, the
@@ -272,10 +272,22 @@ pub fn outcome_of_parsed(
     let mut beta = None;
     let mut marked = None;
     let rewritten = compacted.plan.map(|mut plan| {
+        // The proxy's recall tool goes with this body (it has markers).
+        let mut with_tool = false;
         let body = match policy.recall {
             Some(_) => {
                 // `recall = true`: a marker with its id wherever the plan cut.
                 let m = crate::compaction::recall::mark(parsed, &mut plan);
+                if !m.ids.is_empty() && parsed.takes_recall_tool() {
+                    // The tool goes with the markers: reasoning made
+                    // without it is stale.
+                    crate::compaction::thinking::strip_made_without_the_tool(
+                        &parsed.conversation,
+                        &mut plan,
+                        &m.inserts,
+                    );
+                    with_tool = true;
+                }
                 let body = parsed.splice_inserting_all(&plan, &m.inserts);
                 marked = Some(m);
                 body
@@ -283,8 +295,19 @@ pub fn outcome_of_parsed(
             None => parsed.splice(&plan),
         };
         // The last turn of an open tool loop keeps reasoning whose prefix
-        // changed (the API requires it there): ask the API to drop it.
-        let asked = (plan.has_stale_thinking() && policy.thinking_drop_block)
+        // changed (the API requires it there): ask the API to drop it. With
+        // the recall tool, any kept reasoning may be: a turn the proxy
+        // answered after recall rounds was made with those rounds in its
+        // prefix, which the client's history lacks, and nothing in the
+        // history says which turn that was. Asking drops only blocks that
+        // fail the check.
+        let recalled_maybe = with_tool
+            && format == Format::Anthropic
+            && plan.items.iter().any(|p| {
+                p.thinking != crate::format::Reasoning::Stripped
+                    && parsed.conversation.items[p.index].thinking.is_some()
+            });
+        let asked = ((plan.has_stale_thinking() || recalled_maybe) && policy.thinking_drop_block)
             .then(|| crate::format::anthropic::ask_to_drop_stale_thinking(&body))
             .flatten();
         let body = match asked {
@@ -305,19 +328,23 @@ pub fn outcome_of_parsed(
         Bytes::from(body)
     });
     if let Some(m) = marked.filter(|m| !m.ids.is_empty()) {
-        let loss = &mut compacted.loss;
-        loss.output_chars += m.added_chars;
-        loss.output_messages += m.inserts.len();
-        if loss.input_chars > 0 {
-            loss.retained_ratio =
-                crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
-        }
+        count_markers(&mut compacted.loss, &m);
     }
     Outcome {
         loss: compacted.loss,
         rewritten,
         stable: compacted.stable,
         beta,
+    }
+}
+
+/// Counts what recall's markers add to the forwarded body in its loss.
+pub fn count_markers(loss: &mut LossSummary, m: &crate::compaction::recall::Marked) {
+    loss.output_chars += m.added_chars;
+    loss.output_messages += m.inserts.len();
+    if loss.input_chars > 0 {
+        loss.retained_ratio =
+            crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
     }
 }
 

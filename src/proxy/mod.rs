@@ -368,6 +368,7 @@ fn inspected_summary(
         usage: None,
         estimated_saving: None,
         pending: true,
+        recall: None,
     }
 }
 
@@ -656,7 +657,17 @@ async fn forward(
         Some((active, template)) => {
             let timeouts = (header_timeout, idle, body_idle);
             match recall::answer(state, active, template, response, timeouts).await {
-                Ok((answered, _)) => answered.map(|b| http_body_util::Either::Right(body::full(b))),
+                Ok((answered, done)) => {
+                    // The report and the inspector say what was recalled.
+                    let done = done.record();
+                    if let Some(id) = verdict.as_ref().and_then(|v| v.report_id.clone()) {
+                        state.recalled.insert(id, done.clone());
+                    }
+                    if let Some(id) = &record.inspected {
+                        state.inspector.set_recall(id, done);
+                    }
+                    answered.map(|b| http_body_util::Either::Right(body::full(b)))
+                }
                 Err(e) => return recall_failed(&e, verdict.as_ref(), record),
             }
         }

@@ -140,6 +140,17 @@ pub(super) struct Done {
     pub refused: usize,
 }
 
+impl Done {
+    /// What the report and the inspector keep of it.
+    pub fn record(&self) -> crate::compaction::recall::Recalled {
+        crate::compaction::recall::Recalled {
+            rounds: self.rounds,
+            recalled_ids: self.recalled.clone(),
+            refused_ids: self.refused,
+        }
+    }
+}
+
 /// Reads an upstream body whole, each frame within `idle`.
 async fn read_all<B>(mut body: B, idle: Duration) -> Result<Bytes, ProxyError>
 where

@@ -33,6 +33,8 @@ pub struct AppState {
     pub prints: crate::usage::PrefixMemory,
     /// Bills of requests whose report is kept, by report id (the inspector's).
     pub bills: crate::usage::BillStore,
+    /// What recall did for requests whose report is kept, by report id.
+    pub recalled: crate::explain::RecalledStore,
     pub(super) upstream: Upstream,
     /// One permit per core: compactions beyond that queue (see [`super::compact`]);
     /// `/v1/memory-compact` takes the same permits.
@@ -100,6 +102,7 @@ impl AppState {
             ),
             prints: crate::usage::PrefixMemory::new(PRINT_MEMORY_BYTES),
             bills: crate::usage::BillStore::default(),
+            recalled: crate::explain::RecalledStore::default(),
             runtime: RwLock::new(Arc::new(runtime)),
             metrics,
             reports: crate::explain::ReportStore::default(),
@@ -146,6 +149,7 @@ impl AppState {
             metrics: &self.metrics,
             reports: &self.reports,
             bills: &self.bills,
+            recalled: &self.recalled,
             compactions: &self.compactions,
             buffers: &self.buffers,
             limits: body::limits(&runtime),

@@ -1,7 +1,8 @@
 // Drives the inspector page in Debian's Chromium (playwright-core, which
 // brings no browser of its own). Started by the Rust integration test
 // `inspector::inspector_page_in_chromium` with one JSON argument:
-// { base, token, chromium, main_id, hostile_id, screenshot, live_body }.
+// { base, token, chromium, main_id, hostile_id, recall_id, screenshot,
+// live_body }.
 // Exits non-zero on the first failed check; prints what the page showed as
 // JSON on its last line, for the Rust test to compare with the report.
 import { chromium } from "playwright-core";
@@ -82,15 +83,20 @@ try {
     (id) => document.getElementById("detail-title").textContent.includes(id) && document.querySelectorAll("#conversation .row").length > 0,
     args.main_id,
   );
-  const rows = await page.$$eval("#conversation .row", (rows) =>
-    rows.map((r) => ({
-      index: r.dataset.index,
-      fate: r.dataset.fate,
-      mark: r.dataset.mark,
-      badge: r.querySelector(".mark .badge").textContent,
-      forwarded: !r.querySelector(".forwarded .absent"),
-    })),
-  );
+  const readRows = () =>
+    page.$$eval("#conversation .row", (rows) =>
+      rows.map((r) => ({
+        index: r.dataset.index ?? null,
+        fate: r.dataset.fate,
+        mark: r.dataset.mark,
+        recall_id: r.dataset.recallId ?? null,
+        recalled: r.dataset.recalled === "true",
+        badge: r.querySelector(".mark .badge").textContent,
+        forwarded: !r.querySelector(".forwarded .absent"),
+        reason: r.querySelector(".mark").textContent,
+      })),
+    );
+  const rows = await readRows();
   const report = await (await fetch(`${base}/v1/compaction-reports/${args.main_id}`)).json();
   check(rows.length === report.messages.length, "one row per message of the report");
   report.messages.forEach((line, i) => {
@@ -114,8 +120,42 @@ try {
   check(usage.includes("+1,150 tok"), "the estimated saving in the list: " + usage);
   const facts = await page.textContent("#detail-facts");
   check(facts.includes("in 1,210") && facts.includes("cache 3,400 read, 0 written") && facts.includes("out 96"), "billed usage in the view: " + facts);
-  // The screenshot: the list, and the conversation where it was cut.
-  await page.$eval("#conversation .row[data-mark=deduplicated]", (r) => r.previousElementSibling.previousElementSibling.scrollIntoView({ block: "start" }));
+  // The recall request: its marker messages and the messages the model
+  // recalled, row for row as the JSON report has them.
+  await page.click(`#request-rows tr[data-id="${args.recall_id}"]`);
+  await page.waitForFunction(
+    (id) => document.getElementById("detail-title").textContent.includes(id) && document.querySelectorAll("#conversation .row").length > 0,
+    args.recall_id,
+  );
+  const recallRows = await readRows();
+  const recallReport = await (await fetch(`${base}/v1/compaction-reports/${args.recall_id}`)).json();
+  check(recallRows.length === recallReport.messages.length, "recall: one row per line of the report");
+  recallReport.messages.forEach((line, i) => {
+    const row = recallRows[i];
+    const what = `recall row ${i} (${line.stage || "-"} ${line.recall_id || ""})`;
+    check(row.fate === line.fate && row.badge === row.mark, what + ": fate and badge");
+    check(row.recall_id === (line.recall_id ?? null), what + ": its recall id");
+    if (line.stage === "marker") {
+      check(row.mark === "marker" && row.index === null && row.forwarded, what + ": a marker row, forwarded");
+      check(row.reason.includes("marker " + line.recall_id), what + ": the marker's id shows");
+    } else {
+      check(row.index === String(line.index), what + ": message " + line.index);
+      check((row.mark === "recalled") === (line.recalled === true), what + ": recalled exactly when the report says");
+    }
+    check(row.recalled === (line.recalled === true), what + ": its recalled flag");
+    if (line.recalled) check(row.reason.includes("recalled by the model"), what + ": says it was recalled");
+  });
+  check(recallRows.some((r) => r.mark === "marker") && recallRows.some((r) => r.mark === "recalled"), "markers and recalled messages are marked");
+  const legend = await page.textContent("#legend");
+  check(legend.includes("marker") && legend.includes("recalled"), "the legend counts markers and recalled messages: " + legend);
+
+  // The screenshot: the list, and the recall request's conversation where
+  // it was cut: dropped messages the model recalled, their marker.
+  await page.$eval("#conversation .row[data-mark=marker]", (r) => {
+    let first = r;
+    for (let k = 0; k < 2 && first.previousElementSibling; k++) first = first.previousElementSibling;
+    first.scrollIntoView({ block: "start" });
+  });
   await page.screenshot({ path: args.screenshot });
 
   // Filters.
@@ -144,7 +184,7 @@ try {
   // The only console errors allowed: the refused loads before the token.
   const unexpected = problems.filter((p) => !(p.phase === "no-token" && /401/.test(p.text)));
   check(unexpected.length === 0, "no dialog, console error or page error: " + JSON.stringify(unexpected));
-  console.log(JSON.stringify({ checks: checks.length, listed: listed.length, main_rows: rows }));
+  console.log(JSON.stringify({ checks: checks.length, listed: listed.length, main_rows: rows, recall_rows: recallRows }));
 } catch (e) {
   failed = e;
 } finally {

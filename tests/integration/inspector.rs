@@ -31,6 +31,14 @@ keep_last_n = 2
 max_message_chars = 500
 allow_report = true
 
+[policies.recalled]      # the reported policy with recall's markers
+mode = "exact"
+budget_chars = 1500
+keep_last_n = 2
+max_message_chars = 500
+allow_report = true
+recall = true
+
 [policies.default]
 allow_report = false
 
@@ -45,6 +53,7 @@ policy = "default"
 [tenants.policies]
 acme = "reported"
 globex = "reported"
+initech = "recalled"
 "#;
 
 /// [`CONFIG`] with the token read from a variable only this test has.
@@ -469,6 +478,14 @@ async fn inspector_page_in_chromium() {
         &[report[0], ("x-tenant-id", "acme")],
     ))
     .await;
+    // A request of the recall policy: its markers, and what the model
+    // recalled (set below, as the recall step sets it when it answers).
+    let recall = send(post(
+        &chat,
+        &history(&[("user", "What did the old steps find?")]),
+        &[report[0], ("x-tenant-id", "initech")],
+    ))
+    .await;
     let hostile = send(post(
         &chat,
         &history(&[
@@ -483,7 +500,32 @@ async fn inspector_page_in_chromium() {
     .await;
     let main_id = main.header("x-compaction-report-id").unwrap().to_owned();
     let hostile_id = hostile.header("x-compaction-report-id").unwrap().to_owned();
-    settled_list(&proxy, Some(TOKEN), 3).await;
+    let recall_id = recall.header("x-compaction-report-id").unwrap().to_owned();
+    settled_list(&proxy, Some(TOKEN), 4).await;
+    // The model recalls the first dropped run (what the recall step keeps
+    // once it has answered; recall::the_report_lists_the_marker_messages_…
+    // drives the real step).
+    let recall_report = send(get(
+        &proxy.url(&format!("/v1/compaction-reports/{recall_id}")),
+        None,
+    ))
+    .await
+    .json();
+    let run_id = recall_report["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["stage"] == "marker")
+        .and_then(|l| l["recall_id"].as_str())
+        .expect("the recall request has a marker message")
+        .to_owned();
+    let done = compaction_proxy::compaction::recall::Recalled {
+        rounds: 1,
+        recalled_ids: vec![run_id.clone()],
+        refused_ids: 0,
+    };
+    proxy.state.recalled.insert(recall_id.clone(), done.clone());
+    proxy.state.inspector.set_recall(&recall_id, done);
     // What the usage reader fills in once a response's usage is read: the
     // page shows it (these figures are the page's input, not the proxy's).
     proxy.state.inspector.set_usage(
@@ -516,6 +558,7 @@ async fn inspector_page_in_chromium() {
         "chromium": CHROMIUM,
         "main_id": main_id,
         "hostile_id": hostile_id,
+        "recall_id": recall_id,
         "screenshot": screenshot,
         "live_body": small,
     });
@@ -551,6 +594,46 @@ async fn inspector_page_in_chromium() {
         assert_eq!(row["index"], line["index"].to_string().as_str());
         assert_eq!(row["fate"], line["fate"], "{row} vs {line}");
     }
+    // The recall request: every marker line is a marker row with its id,
+    // every recalled line a recalled row, and no other row says either.
+    let recall_json = send(get(
+        &proxy.url(&format!("/v1/compaction-reports/{recall_id}")),
+        None,
+    ))
+    .await
+    .json();
+    let recall_lines = recall_json["messages"].as_array().unwrap();
+    let recall_rows = seen["recall_rows"].as_array().unwrap();
+    assert_eq!(recall_rows.len(), recall_lines.len(), "one row per line");
+    let (mut markers, mut recalled) = (0, 0);
+    for (row, line) in recall_rows.iter().zip(recall_lines) {
+        assert_eq!(row["fate"], line["fate"], "{row} vs {line}");
+        assert_eq!(row["recall_id"], line["recall_id"], "{row} vs {line}");
+        if line["stage"] == "marker" {
+            markers += 1;
+            assert_eq!(row["mark"], "marker", "{row} vs {line}");
+            assert_eq!(row["index"], Value::Null, "{row}");
+        } else {
+            assert_eq!(row["index"], line["index"].to_string().as_str());
+            assert_eq!(
+                row["mark"] == "recalled",
+                line["recalled"] == true,
+                "{row} vs {line}"
+            );
+        }
+        if line["recalled"] == true {
+            recalled += 1;
+            assert_eq!(row["recalled"], true, "{row}");
+            assert_eq!(line["recall_id"], run_id.as_str());
+        } else {
+            assert_eq!(row["recalled"], false, "{row}");
+        }
+    }
+    assert!(
+        markers > 0 && recalled > 1,
+        "{markers} markers, {recalled} recalled"
+    );
+    assert_eq!(recall_json["recall"]["recalled_ids"], json!([run_id]));
     let marked = |mark: &str| page_rows.iter().filter(|r| r["mark"] == mark).count();
     let fated = |fate: &str| lines.iter().filter(|l| l["fate"] == fate).count();
     assert_eq!(marked("dropped") + marked("deduplicated"), fated("dropped"));

@@ -30,7 +30,7 @@ fn config() -> ProptestConfig {
 }
 
 /// Words, no sentence ends: a trim cuts where the limit falls.
-fn words(seed: usize, chars: usize) -> String {
+pub(crate) fn words(seed: usize, chars: usize) -> String {
     const WORDS: [&str; 8] = ["fn", "main", "error", "retry", "ok", "ünï", "test", "line"];
     let mut out = format!("[{seed}] ");
     let mut k = seed;
@@ -47,12 +47,12 @@ fn words(seed: usize, chars: usize) -> String {
 /// One tool round: the sizes of its parallel results, and whether they
 /// are blocks (else strings).
 #[derive(Debug, Clone)]
-struct Round {
-    results: Vec<usize>,
-    blocks: bool,
+pub(crate) struct Round {
+    pub(crate) results: Vec<usize>,
+    pub(crate) blocks: bool,
 }
 
-fn rounds() -> impl Strategy<Value = Vec<Round>> {
+pub(crate) fn rounds() -> impl Strategy<Value = Vec<Round>> {
     vec(
         (vec(1usize..900, 1..4), any::<bool>())
             .prop_map(|(results, blocks)| Round { results, blocks }),
@@ -60,7 +60,7 @@ fn rounds() -> impl Strategy<Value = Vec<Round>> {
     )
 }
 
-fn anthropic(rounds: &[Round]) -> Value {
+pub(crate) fn anthropic(rounds: &[Round]) -> Value {
     let mut messages = vec![json!({"role": "user", "content": words(0, 40)})];
     let mut n = 0;
     for r in rounds {
@@ -86,7 +86,7 @@ fn anthropic(rounds: &[Round]) -> Value {
     json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": messages})
 }
 
-fn chat(rounds: &[Round]) -> Value {
+pub(crate) fn chat(rounds: &[Round]) -> Value {
     let mut messages = vec![json!({"role": "user", "content": words(0, 40)})];
     let mut n = 0;
     for r in rounds {
@@ -116,7 +116,7 @@ fn chat(rounds: &[Round]) -> Value {
     json!({"model": "gpt-4o", "messages": messages})
 }
 
-fn responses(rounds: &[Round]) -> Value {
+pub(crate) fn responses(rounds: &[Round]) -> Value {
     let mut input = vec![json!({"role": "user", "content": words(0, 40)})];
     let mut n = 0;
     for r in rounds {
@@ -153,7 +153,7 @@ fn responses(rounds: &[Round]) -> Value {
 /// Every text the forwarded body holds where the API refuses it empty: a
 /// text block or part, a string content, a tool result (an empty array is
 /// one too); `Err` names the first empty one.
-fn no_empty(format: Format, body: &Value) -> Result<(), String> {
+pub(crate) fn no_empty(format: Format, body: &Value) -> Result<(), String> {
     let empty = |v: &Value| match v {
         Value::String(s) => s.trim().is_empty(),
         Value::Array(a) => a.is_empty(),
@@ -198,15 +198,15 @@ fn no_empty(format: Format, body: &Value) -> Result<(), String> {
 }
 
 #[derive(Debug, Clone)]
-struct Spec {
-    budget: usize,
-    keep_last_n: usize,
-    max_message_chars: usize,
-    passes: bool,
-    stable: bool,
+pub(crate) struct Spec {
+    pub(crate) budget: usize,
+    pub(crate) keep_last_n: usize,
+    pub(crate) max_message_chars: usize,
+    pub(crate) passes: bool,
+    pub(crate) stable: bool,
 }
 
-fn specs() -> impl Strategy<Value = Spec> {
+pub(crate) fn specs() -> impl Strategy<Value = Spec> {
     (
         0usize..3000,
         0usize..4,
@@ -226,7 +226,7 @@ fn specs() -> impl Strategy<Value = Spec> {
 }
 
 impl Spec {
-    fn compile(&self) -> CompiledPolicy {
+    pub(crate) fn compile(&self) -> CompiledPolicy {
         let mut engine = Policy::with_budget(self.budget);
         engine.keep_last_n = self.keep_last_n;
         engine.max_message_chars = self.max_message_chars;

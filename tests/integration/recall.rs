@@ -883,3 +883,180 @@ async fn a_dropped_fact_comes_back_in_every_conversation_with_recall_and_in_none
         "without recall / with recall, of {RUNS}"
     );
 }
+
+/// Reads a kept report, once it is made (it is computed after the answer).
+async fn fetch_report(proxy: &TestProxy, id: &str) -> Value {
+    let url = proxy.url(&format!("/v1/compaction-reports/{id}"));
+    let get = || {
+        http::Request::get(&url)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let fetched = send(get()).await;
+        if fetched.status == 200 || std::time::Instant::now() > deadline {
+            assert_eq!(fetched.status, 200, "the report is kept");
+            return fetched.json();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The per-message report lists each marker message the proxy put in as a
+/// line of its own (stage `marker`), where the forwarded body has it, and,
+/// once the answer went out, marks the lines whose id the model recalled;
+/// the inspector's view marks the same rows.
+#[tokio::test]
+async fn the_report_lists_the_marker_messages_and_marks_what_was_recalled() {
+    for api in Api::ALL {
+        for stream in [false, true] {
+            let case = format!("{} stream={stream}", api.path());
+            let model = Model::start(api, Script::default()).await;
+            let toml = format!(
+                "[inspector]\nenabled = true\n{}allow_report = true\n",
+                policy("")
+            );
+            let proxy = TestProxy::start(&toml, &model.url()).await;
+            let mut request = post_json(
+                &proxy.url(api.path()),
+                body(api, stream, json!({})).to_string(),
+            );
+            request.headers_mut().insert(
+                "x-compaction-report",
+                http::HeaderValue::from_static("true"),
+            );
+            let answer = send(request).await;
+            assert_eq!(
+                answer.header("x-compaction-recall-rounds"),
+                Some("1"),
+                "{case}"
+            );
+            let id = answer.header("x-compaction-report-id").unwrap().to_owned();
+            // What was forwarded: its items, and the marker messages among them.
+            let first: Value = serde_json::from_slice(&model.received()[0]).unwrap();
+            let key = if api == Api::Responses {
+                "input"
+            } else {
+                "messages"
+            };
+            let forwarded = first[key].as_array().unwrap();
+            let text_of = |item: &Value| match &item["content"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+                _ => String::new(),
+            };
+            let markers: Vec<(usize, String)> = forwarded
+                .iter()
+                .enumerate()
+                .filter(|(_, item)| text_of(item).starts_with("[compaction-proxy dropped"))
+                .map(|(pos, item)| (pos, marker_ids(&text_of(item))[0].clone()))
+                .collect();
+            assert!(!markers.is_empty(), "{case}: the fixture drops a run");
+
+            let report = fetch_report(&proxy, &id).await;
+            let lines = report["messages"].as_array().unwrap();
+            let marker_lines: Vec<&Value> =
+                lines.iter().filter(|l| l["stage"] == "marker").collect();
+            assert_eq!(marker_lines.len(), markers.len(), "{case}: {report:#}");
+            for (line, (_, marker_id)) in marker_lines.iter().zip(&markers) {
+                assert_eq!(line["index"], Value::Null, "{case}");
+                assert_eq!(line["fate"], "inserted", "{case}");
+                assert_eq!(line["recall_id"], marker_id.as_str(), "{case}");
+                let chars = line["chars"].as_u64().unwrap() as usize;
+                let forwarded_text = forwarded
+                    .iter()
+                    .map(text_of)
+                    .find(|t| t.contains(marker_id.as_str()) && t.starts_with("[compaction"))
+                    .unwrap();
+                assert_eq!(chars, forwarded_text.chars().count(), "{case}");
+            }
+            // Lines in forwarded order: each marker line right after the
+            // run it stands for, every one of whose lines names its id.
+            for (at, line) in lines.iter().enumerate() {
+                if line["stage"] != "marker" {
+                    continue;
+                }
+                let [first, last] = [0, 1].map(|k| line["stands_for"][k].as_u64().unwrap());
+                assert_eq!(lines[at - 1]["index"], last, "{case}");
+                let run: Vec<&Value> = lines
+                    .iter()
+                    .filter(|l| {
+                        l["index"]
+                            .as_u64()
+                            .is_some_and(|i| (first..=last).contains(&i))
+                    })
+                    .collect();
+                assert_eq!(run.len() as u64, last - first + 1, "{case}");
+                for member in run {
+                    assert_eq!(member["fate"], "dropped", "{case}");
+                    assert_eq!(member["recall_id"], line["recall_id"], "{case}");
+                }
+            }
+            // The model recalled every marker's id: those lines say so, no
+            // other line does, and the report says what recall did.
+            let recalled_ids: Vec<String> =
+                marker_ids(&String::from_utf8_lossy(&model.received()[0]));
+            for line in lines {
+                let named = line["recall_id"]
+                    .as_str()
+                    .is_some_and(|id| recalled_ids.iter().any(|r| r == id));
+                assert_eq!(line["recalled"] == true, named, "{case}: {line}");
+            }
+            assert!(lines.iter().any(|l| l["recalled"] == true), "{case}");
+            assert_eq!(report["recall"]["rounds"], 1, "{case}");
+            assert_eq!(
+                report["recall"]["recalled_ids"],
+                json!(recalled_ids),
+                "{case}"
+            );
+            assert_eq!(report["recall"]["refused_ids"], 0, "{case}");
+
+            // The inspector's view: the same rows, marked the same.
+            let view_url = proxy.url(&format!("/inspector/api/requests/{id}"));
+            let mut view = Value::Null;
+            for _ in 0..500 {
+                view = send(
+                    http::Request::get(&view_url)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+                .await
+                .json();
+                if view["view"]["rows"].is_array() && view["request"]["recall"].is_object() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let rows = view["view"]["rows"].as_array().unwrap();
+            assert_eq!(rows.len(), lines.len(), "{case}: {view:#}");
+            for (row, line) in rows.iter().zip(lines) {
+                assert_eq!(row["index"], line["index"], "{case}");
+                assert_eq!(row["recall_id"], line["recall_id"], "{case}");
+                let expected = if line["stage"] == "marker" {
+                    "marker"
+                } else if line["recalled"] == true {
+                    "recalled"
+                } else {
+                    row["mark"].as_str().unwrap()
+                };
+                assert_eq!(row["mark"], expected, "{case}: {row:#}");
+                assert_eq!(row["recalled"] == true, line["recalled"] == true, "{case}");
+            }
+            // A marker row's right side is the marker message forwarded.
+            for (row, (pos, marker_id)) in
+                rows.iter().filter(|r| r["mark"] == "marker").zip(&markers)
+            {
+                assert_eq!(row["position"], *pos, "{case}");
+                assert!(
+                    row["forwarded"]["text"]
+                        .as_str()
+                        .unwrap()
+                        .contains(marker_id.as_str()),
+                    "{case}"
+                );
+            }
+            assert_eq!(view["request"]["recall"]["rounds"], 1, "{case}");
+        }
+    }
+}

@@ -215,6 +215,11 @@
     if (row.stage) cell.append(el("span", "stage", row.stage));
     if (row.index !== null && row.index !== undefined) cell.append(el("span", "dim idx", "#" + row.index));
     if (row.reason) cell.append(el("div", "reason", row.reason));
+    if (row.recall_id) {
+      const recall = el("div", "reason recall-id", (row.index === null || row.index === undefined ? "marker " : "recall id ") + row.recall_id);
+      if (row.recalled) recall.append(el("strong", null, " \u2014 recalled by the model"));
+      cell.append(recall);
+    }
     if (row.decision) cell.append(el("div", "reason", "tool result: " + row.decision));
     for (const call of row.tool_calls || []) {
       cell.append(el("div", "reason", "call " + call.name + ": " + call.decision + (call.arguments_clipped ? " (arguments clipped)" : "")));
@@ -268,6 +273,8 @@
       div.dataset.mark = row.mark;
       if (row.fate) div.dataset.fate = row.fate;
       if (row.index !== null && row.index !== undefined) div.dataset.index = String(row.index);
+      if (row.recall_id) div.dataset.recallId = row.recall_id;
+      if (row.recalled) div.dataset.recalled = "true";
       nodes.push(div);
     });
     if (view.stable && view.stable.boundary_row >= view.rows.length) nodes.push(boundary(view.stable));
