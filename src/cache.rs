@@ -10,11 +10,10 @@
 //! another conversation's messages.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use moka::sync::Cache;
-use rustc_hash::FxHashSet;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
 use crate::format::Format;
