@@ -209,7 +209,10 @@ async fn main() {
     println!("\nwhere the extra goes (chars, against drop-only):");
     println!("| policy | forwarded, billed | summarizer system prompts | summarizer transcripts | summaries written |");
     println!("|---|---|---|---|---|");
-    for (label, r) in [("summarize, inline", &inline), ("summarize, background", &background)] {
+    for (label, r) in [
+        ("summarize, inline", &inline),
+        ("summarize, background", &background),
+    ] {
         let [system, transcript, answers] = r.summarizer_parts;
         println!(
             "| {label} | {:+.0} | {system:.0} | {transcript:.0} | {answers:.0} |",

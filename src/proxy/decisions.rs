@@ -22,34 +22,36 @@ use super::body::{self, Coding};
 use super::compact::Decided;
 use super::AppState;
 use crate::compaction::decisions::{self, Action, Applied, Candidate, Decisions};
-use crate::outcome::Status;
+use crate::outcome::{DecisionCounts, Status};
 use crate::policy::{Resolution, Runtime};
 use crate::store::{Key, StoredSummary};
 use crate::summarizer::client::{CallerKey, HttpSummarizer};
 use crate::summarizer::{Settings, SummarizeError, Usage};
 
-/// What a request's model decisions were, for its headers and report.
+/// What a request's model decisions were, for its headers, report, metrics
+/// and log line.
 #[derive(Debug, Clone)]
 pub(crate) struct DecisionReport {
-    /// `"model"`: asked for this request; `"store"`: reused.
-    pub source: &'static str,
     /// What was applied, with the edits (the report re-runs the pipeline
     /// with them).
     pub applied: Arc<Applied>,
-    /// Decision-model tokens spent on this request (0 when reused).
-    pub usage: Usage,
+    /// Its counts by action, where it came from and its tokens: what the
+    /// headers say and the request's event records.
+    pub counts: DecisionCounts,
 }
 
 impl DecisionReport {
-    /// `keep=N, drop_result=N, drop_call=N`.
-    pub fn counts(&self) -> String {
-        let count = |a: Action| self.applied.applied.iter().filter(|(_, x)| *x == a).count();
-        format!(
-            "keep={}, drop_result={}, drop_call={}",
-            count(Action::Keep),
-            count(Action::DropResult),
-            count(Action::DropCall)
-        )
+    fn new(applied: Arc<Applied>, source: &'static str, usage: Usage) -> Self {
+        let count = |a: Action| applied.applied.iter().filter(|(_, x)| *x == a).count();
+        let counts = DecisionCounts {
+            keep: count(Action::Keep),
+            drop_result: count(Action::DropResult),
+            drop_call: count(Action::DropCall),
+            source,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+        };
+        DecisionReport { applied, counts }
     }
 }
 
@@ -115,7 +117,6 @@ pub(super) async fn apply(
             .summarizer_tokens(&policy.name, &model.name, usage);
     }
     let applied = Arc::new(decisions::apply(&parsed.conversation, &candidates, &chosen));
-    state.metrics.tool_decisions(&policy.name, &applied.applied);
     let outcome = super::compact::outcome_of_parsed(
         &parsed,
         policy,
@@ -124,18 +125,15 @@ pub(super) async fn apply(
     );
     let seconds = decided.seconds.map(|s| s + started.elapsed().as_secs_f64());
     let status = super::compact::status_of(policy, &outcome);
-    let report = DecisionReport {
-        source,
-        applied,
-        usage: if source == "model" {
-            usage
-        } else {
-            Usage {
-                prompt_tokens: Some(0),
-                completion_tokens: Some(0),
-            }
-        },
+    let spent = if source == "model" {
+        usage
+    } else {
+        Usage {
+            prompt_tokens: Some(0),
+            completion_tokens: Some(0),
+        }
     };
+    let report = DecisionReport::new(applied, source, spent);
     (
         Decided {
             status,

@@ -215,6 +215,7 @@ async fn proxy_request(
     )
     .await;
     record.summary = summary.clone();
+    record.decisions = tool_decisions.as_ref().map(|d| d.counts);
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
     record.skip_detail = decided.detail.clone();
@@ -508,7 +509,7 @@ impl Verdict {
             note.write_to(headers);
         }
         if let Some(decided) = &self.decisions {
-            headers::write_tool_decisions(headers, decided);
+            headers::write_tool_decisions(headers, &decided.counts);
         }
     }
 }

@@ -169,7 +169,10 @@ fn render_item(item: &Item, names: &HashMap<&str, &str>) -> String {
             if !out.is_empty() {
                 out.push('\n');
             }
-            out.push_str(&format!("[result of {name}] {}", capped_result(piece.trim())));
+            out.push_str(&format!(
+                "[result of {name}] {}",
+                capped_result(piece.trim())
+            ));
         }
         let rest: String = chars[at.min(chars.len())..].iter().collect();
         if !rest.trim().is_empty() {
