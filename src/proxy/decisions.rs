@@ -64,6 +64,7 @@ pub(super) async fn apply(
     raw: &bytes::Bytes,
     coding: Coding,
     headers: &HeaderMap,
+    goal: Option<&str>,
     decided: Decided,
 ) -> (Decided, Option<DecisionReport>) {
     let policy = &resolution.policy;
@@ -88,7 +89,15 @@ pub(super) async fn apply(
         return (decided, None);
     }
     let caller = CallerKey::from_headers(headers);
-    let found = decisions_for(state, &model, &parsed.conversation, &candidates, caller).await;
+    let found = decisions_for(
+        state,
+        &model,
+        &parsed.conversation,
+        &candidates,
+        goal,
+        caller,
+    )
+    .await;
     let (chosen, source, usage) = match found {
         Ok(found) => found,
         Err(e) => {
@@ -117,9 +126,12 @@ pub(super) async fn apply(
             .summarizer_tokens(&policy.name, &model.name, usage);
     }
     let applied = Arc::new(decisions::apply(&parsed.conversation, &candidates, &chosen));
+    // The re-compaction scores with the request's goal, as the engine's
+    // first compaction did.
+    let with_goal = goal.map(|g| policy.with_goal(g.to_owned()));
     let outcome = super::compact::outcome_of_parsed(
         &parsed,
-        policy,
+        with_goal.as_ref().unwrap_or(policy),
         &crate::compaction::stable::NoCheckpoints,
         Some(&applied),
     );
@@ -153,18 +165,20 @@ async fn decisions_for(
     model: &Arc<Settings>,
     conversation: &crate::format::Conversation,
     candidates: &[Candidate],
+    goal: Option<&str>,
     caller: CallerKey,
 ) -> Result<(Decisions, &'static str, Usage), SummarizeError> {
     // The observation must fit the model's window, less its answer and the
     // frame, with a tenth as margin (four chars a token).
     let room = (model.window_tokens.saturating_sub(model.max_output_tokens) * 4 * 9 / 10)
         .saturating_sub(crate::summarizer::decisions::FRAME.len());
-    let observation = decisions::observation(conversation, candidates, room).map_err(|e| {
-        SummarizeError::ObservationTooLarge {
-            needed: e.needed,
-            room: e.room,
-        }
-    })?;
+    let observation =
+        decisions::observation(conversation, candidates, room, goal).map_err(|e| {
+            SummarizeError::ObservationTooLarge {
+                needed: e.needed,
+                room: e.room,
+            }
+        })?;
     let key = key_of(model, &observation);
     if let Some(found) = state.summary_store.get(key).await {
         if let Ok(stored) = crate::summarizer::decisions::parse(&found.text, candidates) {

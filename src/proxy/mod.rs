@@ -189,11 +189,19 @@ async fn proxy_request(
     };
     let coding = body::request_coding(&parts.headers);
     let goal = resolution.policy.relevance_goal(&parts.headers);
-    let decided =
-        match compact::decide(&state, &runtime, &resolution, raw.clone(), coding, goal).await {
-            Ok(decided) => decided,
-            Err(e) => return refuse(e, Some(&resolution), record),
-        };
+    let decided = match compact::decide(
+        &state,
+        &runtime,
+        &resolution,
+        raw.clone(),
+        coding,
+        goal.clone(),
+    )
+    .await
+    {
+        Ok(decided) => decided,
+        Err(e) => return refuse(e, Some(&resolution), record),
+    };
     let (decided, tool_decisions) = decisions::apply(
         &state,
         &runtime,
@@ -201,6 +209,7 @@ async fn proxy_request(
         &raw,
         coding,
         &parts.headers,
+        goal.as_deref(),
         decided,
     )
     .await;
@@ -211,6 +220,7 @@ async fn proxy_request(
         &raw,
         coding,
         &parts.headers,
+        goal.as_deref(),
         decided,
     )
     .await;

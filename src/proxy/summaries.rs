@@ -48,6 +48,7 @@ pub(super) async fn apply(
     raw: &bytes::Bytes,
     coding: Coding,
     headers: &HeaderMap,
+    goal: Option<&str>,
     decided: Decided,
 ) -> (Decided, Option<SummaryReport>) {
     let policy = &resolution.policy;
@@ -68,7 +69,7 @@ pub(super) async fn apply(
     let Ok(parsed) = format.parse(&decoded, runtime.config.server.max_messages) else {
         return (decided, None);
     };
-    let Some(job) = Job::new(&parsed, state, &summary_policy, resolution) else {
+    let Some(job) = Job::new(&parsed, state, &summary_policy, resolution, goal) else {
         return (decided, None);
     };
     let rebased = outcome.stable.is_some_and(|s| s.rebased);
@@ -215,8 +216,13 @@ impl Job {
         state: &AppState,
         summary_policy: &Arc<SummaryPolicy>,
         resolution: &Resolution,
+        goal: Option<&str>,
     ) -> Option<Job> {
         let policy = &resolution.policy;
+        // The engine compacted under the request's goal: so does the
+        // replay that finds what it removed.
+        let with_goal = goal.map(|g| policy.with_goal(g.to_owned()));
+        let policy = with_goal.as_ref().unwrap_or(policy);
         let conversation = &parsed.conversation;
         let removal = match policy.mode {
             Mode::Exact => summary::exact_removal(conversation, policy, parsed.format)?,
