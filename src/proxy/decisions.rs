@@ -16,14 +16,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::HeaderMap;
-
-use super::body::{self, Coding};
 use super::compact::Decided;
+use super::model_input::ModelInput;
 use super::AppState;
 use crate::compaction::decisions::{self, Action, Applied, Candidate, Decisions};
 use crate::outcome::{DecisionCounts, Status};
-use crate::policy::{Resolution, Runtime};
 use crate::store::{Key, StoredSummary};
 use crate::summarizer::client::{CallerKey, HttpSummarizer};
 use crate::summarizer::{Settings, SummarizeError, Usage};
@@ -59,14 +56,10 @@ impl DecisionReport {
 /// it came. Never fails: what the model cannot decide stays the passes'.
 pub(super) async fn apply(
     state: &Arc<AppState>,
-    runtime: &Runtime,
-    resolution: &Resolution,
-    raw: &bytes::Bytes,
-    coding: Coding,
-    headers: &HeaderMap,
-    goal: Option<&str>,
+    input: &ModelInput<'_>,
     decided: Decided,
 ) -> (Decided, Option<DecisionReport>) {
+    let (resolution, headers, goal) = (input.resolution, input.headers, input.goal);
     let policy = &resolution.policy;
     let Some(model) = policy.decisions.clone() else {
         return (decided, None);
@@ -75,16 +68,8 @@ pub(super) async fn apply(
         return (decided, None);
     }
     let started = Instant::now();
-    let Ok(decoded) = body::decode(raw, coding, runtime.config.server.max_body_bytes) else {
-        return (decided, None);
-    };
-    let Ok(parsed) = resolution
-        .format
-        .parse(&decoded, runtime.config.server.max_messages)
-    else {
-        return (decided, None);
-    };
-    let candidates = decisions::candidates(&parsed, policy);
+    let parsed = &input.parsed;
+    let candidates = decisions::candidates(parsed, policy);
     if candidates.is_empty() {
         return (decided, None);
     }
@@ -130,7 +115,7 @@ pub(super) async fn apply(
     // first compaction did.
     let with_goal = goal.map(|g| policy.with_goal(g.to_owned()));
     let outcome = super::compact::outcome_of_parsed(
-        &parsed,
+        parsed,
         with_goal.as_ref().unwrap_or(policy),
         &crate::compaction::stable::NoCheckpoints,
         Some(&applied),
