@@ -4,7 +4,9 @@
 //! drop-only stable mode and stable mode with summaries, inline and
 //! background. Prints the billed input (the repeated prefix at 10%, the
 //! summarizer's input and output counted whole), the summarizer calls, and
-//! each turn's latency against drop-only's.
+//! each turn's latency against drop-only's, and where the extra bill
+//! goes. Fails when summaries, summarizer included, bill more than 1.1x
+//! drop-only stable mode.
 //!
 //! Run: `cargo bench --bench summaries` (`SUMMARY_DELAY_MS`, default 40:
 //! the mock summarizer's answer time).
@@ -66,6 +68,9 @@ async fn mock(delay: Duration, answer: Value) -> (SocketAddr, Arc<Mutex<Vec<Byte
 struct Run {
     billed_forwarded: f64,
     summarizer_chars: f64,
+    /// Of `summarizer_chars`: the system prompts, the transcripts (user
+    /// messages), the answers.
+    summarizer_parts: [f64; 3],
     calls: usize,
     seconds: Vec<f64>,
     summarized_turns: usize,
@@ -120,22 +125,19 @@ async fn run(requests: &[Vec<u8>], extra: &str, delay: Duration) -> Run {
         .map(|b| b.to_vec())
         .collect();
     let asked = asked.lock().unwrap().clone();
-    let summarizer_chars: f64 = asked
-        .iter()
-        .map(|b| {
-            let v: Value = serde_json::from_slice(b).unwrap();
-            let input: f64 = v["messages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(sim::message_chars)
-                .sum();
-            input + summary.chars().count() as f64
-        })
-        .sum();
+    let mut summarizer_parts = [0.0; 3];
+    for b in &asked {
+        let v: Value = serde_json::from_slice(b).unwrap();
+        for m in v["messages"].as_array().unwrap() {
+            let part = if m["role"] == "system" { 0 } else { 1 };
+            summarizer_parts[part] += sim::message_chars(m);
+        }
+        summarizer_parts[2] += summary.chars().count() as f64;
+    }
     Run {
         billed_forwarded: sim::billed_of(&forwarded),
-        summarizer_chars,
+        summarizer_chars: summarizer_parts.iter().sum(),
+        summarizer_parts,
         calls: asked.len(),
         seconds,
         summarized_turns,
@@ -193,6 +195,28 @@ async fn main() {
             ms(sim::percentile(&r.seconds, 99.0)),
             ms(r.seconds.iter().cloned().fold(0.0, f64::max)),
             ms(mean(&r.seconds) - mean(&drop.seconds)),
+        );
+    }
+    // The target of issue 26: summaries, summarizer included, bill at most
+    // 1.1x drop-only stable mode.
+    for (label, r) in [("inline", &inline), ("background", &background)] {
+        let ratio = (r.billed_forwarded + r.summarizer_chars) / base;
+        assert!(
+            ratio <= 1.1,
+            "summaries ({label}) bill {ratio:.3}x drop-only's, over 1.1x"
+        );
+    }
+    println!("\nwhere the extra goes (chars, against drop-only):");
+    println!("| policy | forwarded, billed | summarizer system prompts | summarizer transcripts | summaries written |");
+    println!("|---|---|---|---|---|");
+    for (label, r) in [
+        ("summarize, inline", &inline),
+        ("summarize, background", &background),
+    ] {
+        let [system, transcript, answers] = r.summarizer_parts;
+        println!(
+            "| {label} | {:+.0} | {system:.0} | {transcript:.0} | {answers:.0} |",
+            r.billed_forwarded - drop.billed_forwarded
         );
     }
 }

@@ -323,7 +323,7 @@ impl Default for SummarizerConfig {
 }
 
 /// `[store]`: where summaries are kept.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StoreConfig {
     /// Summaries kept in this process, in bytes (0: the built-in 16 MiB).
@@ -331,6 +331,19 @@ pub struct StoreConfig {
     /// Shared with other replicas in Redis (`redis://host:port/db`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<String>,
+    /// The deadline of one Redis command, and of connecting, in
+    /// milliseconds (at least 1).
+    pub redis_timeout_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            max_bytes: 0,
+            redis_url: None,
+            redis_timeout_ms: 250,
+        }
+    }
 }
 
 /// One named policy. Every key left out takes the value of

@@ -670,15 +670,13 @@ impl Metrics {
     }
 
     /// Counts the decisions applied to one request's tool calls.
-    pub fn tool_decisions(
-        &self,
-        policy: &str,
-        applied: &[(String, crate::compaction::decisions::Action)],
-    ) {
-        for (_, action) in applied {
-            self.tool_decisions
-                .with_label_values(&[policy, action.as_str()])
-                .inc();
+    fn tool_decisions(&self, policy: &str, decided: &crate::outcome::DecisionCounts) {
+        for (action, count) in decided.by_action() {
+            if count > 0 {
+                self.tool_decisions
+                    .with_label_values(&[policy, action])
+                    .inc_by(count as u64);
+            }
         }
     }
 
@@ -761,6 +759,9 @@ pub struct RequestEvent {
     pub bill: Option<crate::usage::Bill>,
     /// `strategy = "summarize"`: the summary this request forwarded.
     pub summary: Option<crate::outcome::SummaryReport>,
+    /// `tool_decisions = "model"`: the model's decisions this request
+    /// applied, counted in `tool_decisions_total` and logged.
+    pub decisions: Option<crate::outcome::DecisionCounts>,
 }
 
 /// How a request ended, which sets the level of its log line: a client's
@@ -824,6 +825,7 @@ impl RequestEvent {
             request_id: None,
             bill: None,
             summary: None,
+            decisions: None,
         }
     }
 
@@ -1026,6 +1028,9 @@ impl RequestEvent {
                 extra.inc_by(estimate.extra);
             }
         }
+        if let Some(decided) = &self.decisions {
+            metrics.tool_decisions(policy, decided);
+        }
         if let Some(seconds) = self.upstream_seconds {
             series
                 .upstream_duration
@@ -1071,6 +1076,7 @@ impl RequestEvent {
         let request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok());
         let usage = self.bill.as_ref().map(|b| b.usage);
         let estimate = self.bill.as_ref().and_then(|b| b.estimate);
+        let decided = self.decisions.as_ref();
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
@@ -1107,6 +1113,12 @@ impl RequestEvent {
                     summarizer_prompt_tokens = self.summary.as_ref().and_then(|s| s.prompt_tokens),
                     summarizer_completion_tokens =
                         self.summary.as_ref().and_then(|s| s.completion_tokens),
+                    tool_decisions_keep = decided.map(|d| d.keep),
+                    tool_decisions_drop_result = decided.map(|d| d.drop_result),
+                    tool_decisions_drop_call = decided.map(|d| d.drop_call),
+                    tool_decisions_source = decided.map(|d| d.source),
+                    tool_decisions_prompt_tokens = decided.and_then(|d| d.prompt_tokens),
+                    tool_decisions_completion_tokens = decided.and_then(|d| d.completion_tokens),
                     "request"
                 )
             };
@@ -1193,6 +1205,65 @@ mod tests {
                 extra: 0.0,
             }),
         }
+    }
+
+    #[test]
+    fn model_decisions_are_counted_by_action_and_reach_the_log_line() {
+        let m = Metrics::new();
+        let mut e = event(Status::Compacted, Some(loss(0.4)));
+        e.decisions = Some(crate::outcome::DecisionCounts {
+            keep: 1,
+            drop_result: 2,
+            drop_call: 3,
+            source: "model",
+            prompt_tokens: Some(410),
+            completion_tokens: Some(37),
+        });
+        let log = json_log_of(|| e.emit(&m));
+        let text = m.render();
+        let decided = |action: &str| {
+            sample(
+                &text,
+                "compaction_proxy_tool_decisions_total",
+                &["policy=\"p\"", &format!("action=\"{action}\"")],
+            )
+        };
+        assert_eq!(decided("keep"), Some(1.0), "{text}");
+        assert_eq!(decided("drop_result"), Some(2.0));
+        assert_eq!(decided("drop_call"), Some(3.0));
+        let fields: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        assert_eq!(fields["tool_decisions_keep"], 1, "{log}");
+        assert_eq!(fields["tool_decisions_drop_result"], 2, "{log}");
+        assert_eq!(fields["tool_decisions_drop_call"], 3, "{log}");
+        assert_eq!(fields["tool_decisions_source"], "model", "{log}");
+        assert_eq!(fields["tool_decisions_prompt_tokens"], 410, "{log}");
+        assert_eq!(fields["tool_decisions_completion_tokens"], 37, "{log}");
+        // Reused decisions: from the store, no tokens; the counters add up.
+        e.decisions = Some(crate::outcome::DecisionCounts {
+            keep: 0,
+            drop_result: 1,
+            drop_call: 0,
+            source: "store",
+            prompt_tokens: Some(0),
+            completion_tokens: Some(0),
+        });
+        let log = json_log_of(|| e.emit(&m));
+        let fields: serde_json::Value = serde_json::from_str(log.trim()).unwrap();
+        assert_eq!(fields["tool_decisions_source"], "store", "{log}");
+        assert_eq!(fields["tool_decisions_prompt_tokens"], 0, "{log}");
+        let text = m.render();
+        assert_eq!(
+            sample(
+                &text,
+                "compaction_proxy_tool_decisions_total",
+                &["action=\"drop_result\""]
+            ),
+            Some(3.0)
+        );
+        // A request without decisions logs none of their fields.
+        e.decisions = None;
+        let log = json_log_of(|| e.emit(&m));
+        assert!(!log.contains("tool_decisions"), "{log}");
     }
 
     #[test]

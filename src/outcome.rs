@@ -112,6 +112,42 @@ pub struct SummaryReport {
     pub replaced: usize,
 }
 
+/// What a request's model decisions on its tool calls were and cost
+/// (`tool_decisions = "model"`), for its headers, the metrics and the log
+/// line alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecisionCounts {
+    /// Calls the decisions kept, cut to a head, and removed.
+    pub keep: usize,
+    pub drop_result: usize,
+    pub drop_call: usize,
+    /// `"model"`: asked for this request; `"store"`: reused.
+    pub source: &'static str,
+    /// Decision-model tokens spent on this request (0 when reused; `None`:
+    /// the provider reported none).
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+}
+
+impl DecisionCounts {
+    /// `keep=N, drop_result=N, drop_call=N`.
+    pub fn header(&self) -> String {
+        format!(
+            "keep={}, drop_result={}, drop_call={}",
+            self.keep, self.drop_result, self.drop_call
+        )
+    }
+
+    /// Each action's name with its count, in a fixed order.
+    pub fn by_action(&self) -> [(&'static str, usize); 3] {
+        [
+            ("keep", self.keep),
+            ("drop_result", self.drop_result),
+            ("drop_call", self.drop_call),
+        ]
+    }
+}
+
 /// The loss figures reported in headers and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct LossSummary {

@@ -428,6 +428,12 @@ impl Runtime {
                 }
             }
         }
+        if config.store.redis_timeout_ms == 0 {
+            problem(
+                "store.redis_timeout_ms".into(),
+                "must be at least 1 (milliseconds)".into(),
+            );
+        }
         if let Some(url) = &config.store.redis_url {
             let scheme_ok = url.starts_with("redis://") || url.starts_with("unix://");
             if !scheme_ok || redis::Client::open(url.as_str()).is_err() {

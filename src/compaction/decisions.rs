@@ -180,17 +180,28 @@ pub struct TooLarge {
 /// then shorter, then old text-only messages left out when it does not
 /// fit), and the candidates with their tools, shortened inputs and result
 /// sizes. Result bodies are never in it.
+///
+/// The goal is `goal` when the request gives one (the policy's
+/// `relevance_goal_header`, [`CompiledPolicy::relevance_goal`]), else the
+/// latest user request.
 pub fn observation(
     conversation: &Conversation,
     candidates: &[Candidate],
     room: usize,
+    goal: Option<&str>,
 ) -> Result<String, TooLarge> {
-    let goal = conversation
-        .items
-        .iter()
-        .rev()
-        .find(|m| m.role == Role::User && m.answers.is_none() && !m.text.trim().is_empty())
-        .map_or("", |m| m.text.as_str());
+    let latest = || {
+        conversation
+            .items
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::User && m.answers.is_none() && !m.text.trim().is_empty())
+            .map_or("", |m| m.text.as_str())
+    };
+    let (goal, heading) = match goal {
+        Some(goal) => (goal, "## Goal (given with the request)\n"),
+        None => (latest(), "## Goal (the latest request)\n"),
+    };
     let by_call: HashMap<usize, Vec<&Candidate>> =
         candidates.iter().fold(HashMap::new(), |mut map, c| {
             map.entry(c.call_item).or_insert_with(Vec::new).push(c);
@@ -201,7 +212,7 @@ pub fn observation(
     for (text_chars, keep_text_only) in [(TEXT_CHARS, true), (120, true), (120, false), (0, false)]
     {
         let mut out = String::new();
-        out.push_str("## Goal (the latest request)\n");
+        out.push_str(heading);
         out.push_str(&one_line(goal, GOAL_CHARS));
         out.push_str("\n\n## Conversation (oldest first)\n");
         for (i, item) in conversation.items.iter().enumerate() {
@@ -467,13 +478,40 @@ mod tests {
         let body = chat_body();
         let parsed = Format::Chat.parse(body.as_bytes(), 100).unwrap();
         let found = candidates(&parsed, &policy());
-        let seen = observation(&parsed.conversation, &found, 100_000).unwrap();
+        let seen = observation(&parsed.conversation, &found, 100_000, None).unwrap();
         assert!(seen.contains("Now patch the retry loop."), "{seen}");
         assert!(seen.contains("id: c1 | tool: search_code"), "{seen}");
         assert!(!seen.contains("line40"), "no result body: {seen}");
-        let small = observation(&parsed.conversation, &found, 700).unwrap();
+        let small = observation(&parsed.conversation, &found, 700, None).unwrap();
         assert!(char_count(&small) <= 700);
-        assert!(observation(&parsed.conversation, &found, 50).is_err());
+        assert!(observation(&parsed.conversation, &found, 50, None).is_err());
+    }
+
+    #[test]
+    fn a_goal_given_with_the_request_is_the_observations_goal() {
+        let body = chat_body();
+        let parsed = Format::Chat.parse(body.as_bytes(), 100).unwrap();
+        let found = candidates(&parsed, &policy());
+        let goal_of = |seen: &str| {
+            let start = seen.find("## Goal").unwrap();
+            let end = seen.find("## Conversation").unwrap();
+            seen[start..end].to_owned()
+        };
+        let latest = observation(&parsed.conversation, &found, 100_000, None).unwrap();
+        assert_eq!(goal_of(&latest), "## Goal (the latest request)\ngo\n\n");
+        let given = observation(
+            &parsed.conversation,
+            &found,
+            100_000,
+            Some("audit the logo search"),
+        )
+        .unwrap();
+        assert_eq!(
+            goal_of(&given),
+            "## Goal (given with the request)\naudit the logo search\n\n"
+        );
+        // The conversation still shows the latest request.
+        assert!(given.contains("[11] user: go"), "{given}");
     }
 
     #[test]

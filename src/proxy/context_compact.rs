@@ -264,15 +264,6 @@ fn plain(v: &Value) -> String {
     }
 }
 
-fn capped(text: &str, max: usize) -> String {
-    let chars = text.chars().count();
-    if chars <= max {
-        return text.to_owned();
-    }
-    let head: String = text.chars().take(max).collect();
-    format!("{head}… [{} more chars]", chars - max)
-}
-
 /// A message as one transcript entry: its text, its tool invocations
 /// (name, shortened input, capped result); UI data parts are left out.
 pub fn render(m: &Value, shape: Shape) -> String {
@@ -281,12 +272,12 @@ pub fn render(m: &Value, shape: Shape) -> String {
     let tool = |name: &str, input: &Value, output: Option<&Value>, lines: &mut Vec<String>| {
         lines.push(format!(
             "[{role} calls {name}({})]",
-            capped(&plain(input), prompt::MAX_ARGUMENT_CHARS)
+            prompt::capped_argument(&plain(input))
         ));
         if let Some(output) = output.filter(|o| !o.is_null()) {
             lines.push(format!(
                 "[result of {name}] {}",
-                capped(&plain(output), prompt::MAX_RESULT_CHARS)
+                prompt::capped_result(&plain(output))
             ));
         }
     };

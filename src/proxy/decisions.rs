@@ -16,40 +16,39 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::HeaderMap;
-
-use super::body::{self, Coding};
 use super::compact::Decided;
+use super::model_input::ModelInput;
 use super::AppState;
 use crate::compaction::decisions::{self, Action, Applied, Candidate, Decisions};
-use crate::outcome::Status;
-use crate::policy::{Resolution, Runtime};
+use crate::outcome::{DecisionCounts, Status};
 use crate::store::{Key, StoredSummary};
 use crate::summarizer::client::{CallerKey, HttpSummarizer};
 use crate::summarizer::{Settings, SummarizeError, Usage};
 
-/// What a request's model decisions were, for its headers and report.
+/// What a request's model decisions were, for its headers, report, metrics
+/// and log line.
 #[derive(Debug, Clone)]
 pub(crate) struct DecisionReport {
-    /// `"model"`: asked for this request; `"store"`: reused.
-    pub source: &'static str,
     /// What was applied, with the edits (the report re-runs the pipeline
     /// with them).
     pub applied: Arc<Applied>,
-    /// Decision-model tokens spent on this request (0 when reused).
-    pub usage: Usage,
+    /// Its counts by action, where it came from and its tokens: what the
+    /// headers say and the request's event records.
+    pub counts: DecisionCounts,
 }
 
 impl DecisionReport {
-    /// `keep=N, drop_result=N, drop_call=N`.
-    pub fn counts(&self) -> String {
-        let count = |a: Action| self.applied.applied.iter().filter(|(_, x)| *x == a).count();
-        format!(
-            "keep={}, drop_result={}, drop_call={}",
-            count(Action::Keep),
-            count(Action::DropResult),
-            count(Action::DropCall)
-        )
+    fn new(applied: Arc<Applied>, source: &'static str, usage: Usage) -> Self {
+        let count = |a: Action| applied.applied.iter().filter(|(_, x)| *x == a).count();
+        let counts = DecisionCounts {
+            keep: count(Action::Keep),
+            drop_result: count(Action::DropResult),
+            drop_call: count(Action::DropCall),
+            source,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+        };
+        DecisionReport { applied, counts }
     }
 }
 
@@ -57,13 +56,10 @@ impl DecisionReport {
 /// it came. Never fails: what the model cannot decide stays the passes'.
 pub(super) async fn apply(
     state: &Arc<AppState>,
-    runtime: &Runtime,
-    resolution: &Resolution,
-    raw: &bytes::Bytes,
-    coding: Coding,
-    headers: &HeaderMap,
+    input: &ModelInput<'_>,
     decided: Decided,
 ) -> (Decided, Option<DecisionReport>) {
+    let (resolution, headers, goal) = (input.resolution, input.headers, input.goal);
     let policy = &resolution.policy;
     let Some(model) = policy.decisions.clone() else {
         return (decided, None);
@@ -72,21 +68,21 @@ pub(super) async fn apply(
         return (decided, None);
     }
     let started = Instant::now();
-    let Ok(decoded) = body::decode(raw, coding, runtime.config.server.max_body_bytes) else {
-        return (decided, None);
-    };
-    let Ok(parsed) = resolution
-        .format
-        .parse(&decoded, runtime.config.server.max_messages)
-    else {
-        return (decided, None);
-    };
-    let candidates = decisions::candidates(&parsed, policy);
+    let parsed = &input.parsed;
+    let candidates = decisions::candidates(parsed, policy);
     if candidates.is_empty() {
         return (decided, None);
     }
     let caller = CallerKey::from_headers(headers);
-    let found = decisions_for(state, &model, &parsed.conversation, &candidates, caller).await;
+    let found = decisions_for(
+        state,
+        &model,
+        &parsed.conversation,
+        &candidates,
+        goal,
+        caller,
+    )
+    .await;
     let (chosen, source, usage) = match found {
         Ok(found) => found,
         Err(e) => {
@@ -115,27 +111,26 @@ pub(super) async fn apply(
             .summarizer_tokens(&policy.name, &model.name, usage);
     }
     let applied = Arc::new(decisions::apply(&parsed.conversation, &candidates, &chosen));
-    state.metrics.tool_decisions(&policy.name, &applied.applied);
+    // The re-compaction scores with the request's goal, as the engine's
+    // first compaction did.
+    let with_goal = goal.map(|g| policy.with_goal(g.to_owned()));
     let outcome = super::compact::outcome_of_parsed(
-        &parsed,
-        policy,
+        parsed,
+        with_goal.as_ref().unwrap_or(policy),
         &crate::compaction::stable::NoCheckpoints,
         Some(&applied),
     );
     let seconds = decided.seconds.map(|s| s + started.elapsed().as_secs_f64());
     let status = super::compact::status_of(policy, &outcome);
-    let report = DecisionReport {
-        source,
-        applied,
-        usage: if source == "model" {
-            usage
-        } else {
-            Usage {
-                prompt_tokens: Some(0),
-                completion_tokens: Some(0),
-            }
-        },
+    let spent = if source == "model" {
+        usage
+    } else {
+        Usage {
+            prompt_tokens: Some(0),
+            completion_tokens: Some(0),
+        }
     };
+    let report = DecisionReport::new(applied, source, spent);
     (
         Decided {
             status,
@@ -155,18 +150,20 @@ async fn decisions_for(
     model: &Arc<Settings>,
     conversation: &crate::format::Conversation,
     candidates: &[Candidate],
+    goal: Option<&str>,
     caller: CallerKey,
 ) -> Result<(Decisions, &'static str, Usage), SummarizeError> {
     // The observation must fit the model's window, less its answer and the
     // frame, with a tenth as margin (four chars a token).
     let room = (model.window_tokens.saturating_sub(model.max_output_tokens) * 4 * 9 / 10)
         .saturating_sub(crate::summarizer::decisions::FRAME.len());
-    let observation = decisions::observation(conversation, candidates, room).map_err(|e| {
-        SummarizeError::ObservationTooLarge {
-            needed: e.needed,
-            room: e.room,
-        }
-    })?;
+    let observation =
+        decisions::observation(conversation, candidates, room, goal).map_err(|e| {
+            SummarizeError::ObservationTooLarge {
+                needed: e.needed,
+                room: e.room,
+            }
+        })?;
     let key = key_of(model, &observation);
     if let Some(found) = state.summary_store.get(key).await {
         if let Ok(stored) = crate::summarizer::decisions::parse(&found.text, candidates) {

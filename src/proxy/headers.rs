@@ -160,9 +160,9 @@ pub fn write_summary(headers: &mut HeaderMap, summary: &crate::outcome::SummaryR
 /// they came from, and the decision model's tokens spent on this request.
 pub(crate) fn write_tool_decisions(
     headers: &mut HeaderMap,
-    decided: &super::decisions::DecisionReport,
+    decided: &crate::outcome::DecisionCounts,
 ) {
-    if let Ok(counts) = HeaderValue::try_from(decided.counts()) {
+    if let Ok(counts) = HeaderValue::try_from(decided.header()) {
         headers.insert(
             HeaderName::from_static("x-compaction-tool-decisions"),
             counts,
@@ -175,11 +175,11 @@ pub(crate) fn write_tool_decisions(
     let numbers = [
         (
             "x-compaction-tool-decisions-prompt-tokens",
-            decided.usage.prompt_tokens,
+            decided.prompt_tokens,
         ),
         (
             "x-compaction-tool-decisions-completion-tokens",
-            decided.usage.completion_tokens,
+            decided.completion_tokens,
         ),
     ];
     for (name, value) in numbers {

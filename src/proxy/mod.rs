@@ -27,7 +27,8 @@
 //!    model-backed steps, each falling back to what came before it: a
 //!    model's tool-call decisions ([`decisions`], `tool_decisions = "model"`)
 //!    and a summary in place of the removed messages ([`summaries`],
-//!    `strategy = "summarize"`); with `recall = true`, markers with recall
+//!    `strategy = "summarize"`), both reading one [`model_input`] (the body
+//!    decoded and parsed once, the headers, the goal); with `recall = true`, markers with recall
 //!    ids mark the cuts and the `compaction_recall` tool goes with them.
 //! 6. **forward** ([`upstream`]): hop-by-hop headers stripped, Host set for
 //!    the upstream; 502 if unreachable, 504 without headers in time, each
@@ -51,6 +52,7 @@ pub mod compact;
 pub mod context_compact;
 pub mod decisions;
 pub mod headers;
+mod model_input;
 pub mod recall;
 pub mod server;
 pub mod state;
@@ -189,32 +191,47 @@ async fn proxy_request(
     };
     let coding = body::request_coding(&parts.headers);
     let goal = resolution.policy.relevance_goal(&parts.headers);
-    let decided =
-        match compact::decide(&state, &runtime, &resolution, raw.clone(), coding, goal).await {
-            Ok(decided) => decided,
-            Err(e) => return refuse(e, Some(&resolution), record),
-        };
-    let (decided, tool_decisions) = decisions::apply(
+    let decided = match compact::decide(
         &state,
         &runtime,
         &resolution,
-        &raw,
+        raw.clone(),
         coding,
-        &parts.headers,
-        decided,
+        goal.clone(),
     )
-    .await;
-    let (decided, summary) = summaries::apply(
-        &state,
-        &runtime,
-        &resolution,
-        &raw,
-        coding,
-        &parts.headers,
-        decided,
-    )
-    .await;
+    .await
+    {
+        Ok(decided) => decided,
+        Err(e) => return refuse(e, Some(&resolution), record),
+    };
+    // The model-backed steps read the body decoded and parsed once.
+    let decoded = model_input::wanted(&resolution, &decided)
+        .then(|| model_input::decode(&runtime, &raw, coding))
+        .flatten();
+    let input = decoded.as_ref().and_then(|(decoded, seconds)| {
+        let (input, parsing) = model_input::ModelInput::parse(
+            &runtime,
+            &resolution,
+            decoded,
+            &parts.headers,
+            goal.as_deref(),
+        )?;
+        Some((input, seconds + parsing))
+    });
+    let (decided, tool_decisions, summary) = match &input {
+        Some((input, seconds)) => {
+            let decided = compact::Decided {
+                seconds: decided.seconds.map(|s| s + seconds),
+                ..decided
+            };
+            let (decided, tool_decisions) = decisions::apply(&state, input, decided).await;
+            let (decided, summary) = summaries::apply(&state, input, decided).await;
+            (decided, tool_decisions, summary)
+        }
+        None => (decided, None, None),
+    };
     record.summary = summary.clone();
+    record.decisions = tool_decisions.as_ref().map(|d| d.counts);
     record.compaction_seconds = decided.seconds;
     record.cache_hit = decided.cache_hit;
     record.skip_detail = decided.detail.clone();
@@ -509,7 +526,7 @@ impl Verdict {
             note.write_to(headers);
         }
         if let Some(decided) = &self.decisions {
-            headers::write_tool_decisions(headers, decided);
+            headers::write_tool_decisions(headers, &decided.counts);
         }
     }
 }

@@ -83,6 +83,7 @@ impl AppState {
                 url,
                 crate::store::LocalStore::new(store_bytes),
                 metrics.summary_store_errors(),
+                std::time::Duration::from_millis(runtime.config.store.redis_timeout_ms.max(1)),
             ) {
                 Ok(shared) => Arc::new(shared),
                 Err(_) => Arc::new(local),

@@ -25,16 +25,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::HeaderMap;
-
-use super::body::{self, Coding};
 use super::compact::Decided;
+use super::model_input::ModelInput;
 use super::AppState;
 use crate::compaction::summary::{self, Removal};
 use crate::config::{Mode, SummaryTiming};
 use crate::format::Parsed;
 use crate::outcome::{Outcome, Status, SummaryReport};
-use crate::policy::{Resolution, Runtime, SummaryPolicy};
+use crate::policy::{Resolution, SummaryPolicy};
 use crate::store::{Key, StoredSummary};
 use crate::summarizer::client::CallerKey;
 use crate::summarizer::{prompt, SummarizeError};
@@ -43,13 +41,10 @@ use crate::summarizer::{prompt, SummarizeError};
 /// as it came. Never fails: what cannot be summarized stays the engine's.
 pub(super) async fn apply(
     state: &Arc<AppState>,
-    runtime: &Runtime,
-    resolution: &Resolution,
-    raw: &bytes::Bytes,
-    coding: Coding,
-    headers: &HeaderMap,
+    input: &ModelInput<'_>,
     decided: Decided,
 ) -> (Decided, Option<SummaryReport>) {
+    let (resolution, headers, goal) = (input.resolution, input.headers, input.goal);
     let policy = &resolution.policy;
     let Some(summary_policy) = policy.summary.clone() else {
         return (decided, None);
@@ -61,14 +56,9 @@ pub(super) async fn apply(
         return (decided, None);
     };
     let started = Instant::now();
-    let Ok(decoded) = body::decode(raw, coding, runtime.config.server.max_body_bytes) else {
-        return (decided, None);
-    };
+    let parsed = &input.parsed;
     let format = resolution.format;
-    let Ok(parsed) = format.parse(&decoded, runtime.config.server.max_messages) else {
-        return (decided, None);
-    };
-    let Some(job) = Job::new(&parsed, state, &summary_policy, resolution) else {
+    let Some(job) = Job::new(parsed, state, &summary_policy, resolution, goal) else {
         return (decided, None);
     };
     let rebased = outcome.stable.is_some_and(|s| s.rebased);
@@ -111,7 +101,7 @@ pub(super) async fn apply(
         return (decided, None);
     };
     let item = summary::summary_item(format, summary_policy.role, &stored.id, &stored.text);
-    let rewritten = summary::splice(&parsed, &job.removal, &item);
+    let rewritten = summary::splice(parsed, &job.removal, &item);
     // The last turn of an open tool loop after the summary keeps its stale
     // reasoning (the API requires it there): ask the API to drop it.
     let asked = (job.removal.plan.has_stale_thinking() && policy.thinking_drop_block)
@@ -215,8 +205,13 @@ impl Job {
         state: &AppState,
         summary_policy: &Arc<SummaryPolicy>,
         resolution: &Resolution,
+        goal: Option<&str>,
     ) -> Option<Job> {
         let policy = &resolution.policy;
+        // The engine compacted under the request's goal: so does the
+        // replay that finds what it removed.
+        let with_goal = goal.map(|g| policy.with_goal(g.to_owned()));
+        let policy = with_goal.as_ref().unwrap_or(policy);
         let conversation = &parsed.conversation;
         let removal = match policy.mode {
             Mode::Exact => summary::exact_removal(conversation, policy, parsed.format)?,

@@ -4,7 +4,7 @@
 //! forwards the same bytes).
 //!
 //! Redis is never in a request's way for long: every command has a short
-//! deadline, and while Redis fails (down, slow, refusing) the store serves
+//! deadline (`[store] redis_timeout_ms`, 250 ms by default), and while Redis fails (down, slow, refusing) the store serves
 //! from this process's memory alone, counts the failures
 //! (`summary_store_errors_total`) and says so on `/readyz`. The connection
 //! is made on first use and remade after a failure, at most once every
@@ -19,8 +19,6 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{Key, LocalStore, Store, StoreFuture, StoredSummary};
 
-/// The deadline of one Redis command (and of connecting).
-pub const COMMAND_TIMEOUT: Duration = Duration::from_millis(250);
 /// After a failure, how long before connecting is tried again.
 pub const RECONNECT_AFTER: Duration = Duration::from_secs(2);
 /// How long Redis keeps a summary.
@@ -35,12 +33,20 @@ pub struct RedisStore {
     /// Whether the last command failed.
     degraded: AtomicBool,
     errors: IntCounterVec,
+    /// The deadline of one command (and of connecting).
+    timeout: Duration,
 }
 
 impl RedisStore {
     /// A store over `url` (checked by the configuration already) in front
-    /// of `local`; failures count in `errors` by operation.
-    pub fn new(url: &str, local: LocalStore, errors: IntCounterVec) -> redis::RedisResult<Self> {
+    /// of `local`; failures count in `errors` by operation; each command
+    /// (and connecting) has `timeout`.
+    pub fn new(
+        url: &str,
+        local: LocalStore,
+        errors: IntCounterVec,
+        timeout: Duration,
+    ) -> redis::RedisResult<Self> {
         Ok(RedisStore {
             local,
             client: redis::Client::open(url)?,
@@ -48,6 +54,7 @@ impl RedisStore {
             failed_at: Mutex::new(None),
             degraded: AtomicBool::new(false),
             errors,
+            timeout,
         })
     }
 
@@ -82,12 +89,12 @@ impl RedisStore {
             }
         }
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(COMMAND_TIMEOUT)
-            .set_response_timeout(COMMAND_TIMEOUT)
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
             .set_number_of_retries(1)
             .set_max_delay(1000);
         let made = tokio::time::timeout(
-            COMMAND_TIMEOUT * 2,
+            self.timeout * 2,
             self.client.get_connection_manager_with_config(config),
         )
         .await;
@@ -112,15 +119,14 @@ impl RedisStore {
         self.failed("connect", e);
     }
 
-    /// Runs one command within [`COMMAND_TIMEOUT`]; `None` on any failure.
+    /// Runs one command within the store's timeout; `None` on any failure.
     async fn run<T: redis::FromRedisValue>(
         &self,
         operation: &str,
         command: redis::Cmd,
     ) -> Option<T> {
         let mut connection = self.connection().await?;
-        match tokio::time::timeout(COMMAND_TIMEOUT, command.query_async::<T>(&mut connection)).await
-        {
+        match tokio::time::timeout(self.timeout, command.query_async::<T>(&mut connection)).await {
             Ok(Ok(value)) => {
                 self.answered();
                 Some(value)

@@ -38,8 +38,18 @@ Keep every fact exact and invent none. Leave out a heading with nothing under it
 
 /// Longest tool-call arguments in a transcript, in chars.
 pub const MAX_ARGUMENT_CHARS: usize = 200;
-/// Longest tool result in a transcript, in chars.
-pub const MAX_RESULT_CHARS: usize = 1000;
+/// Longest tool result in a transcript, in chars: its first
+/// [`RESULT_HEAD_CHARS`] and its last [`RESULT_TAIL_CHARS`]. Results are
+/// most of what a summary replaces in an agent's session (three quarters
+/// of the transcript at 1,000 chars a result on the summaries bench), the
+/// summarizer reads each once at full price, and what a summary keeps of a
+/// result is its identifiers and outcome: where the result starts (the
+/// file, the command) and how it ends (the error, the test verdict).
+pub const MAX_RESULT_CHARS: usize = RESULT_HEAD_CHARS + RESULT_TAIL_CHARS;
+/// The head of a capped tool result in a transcript, in chars.
+pub const RESULT_HEAD_CHARS: usize = 350;
+/// The tail of a capped tool result in a transcript, in chars.
+pub const RESULT_TAIL_CHARS: usize = 150;
 
 /// What shapes a policy's prompt; part of a summary's store key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -145,10 +155,7 @@ fn render_item(item: &Item, names: &HashMap<&str, &str>) -> String {
     let text = item.text.trim();
     if let Some(id) = &item.answers {
         let name = names.get(id.as_str()).copied().unwrap_or("tool");
-        out.push_str(&format!(
-            "[result of {name}] {}",
-            capped(text, MAX_RESULT_CHARS)
-        ));
+        out.push_str(&format!("[result of {name}] {}", capped_result(text)));
     } else if !item.piece_answers.is_empty() {
         // Several results in one item (Anthropic tool_result blocks).
         let mut at = 0;
@@ -164,7 +171,7 @@ fn render_item(item: &Item, names: &HashMap<&str, &str>) -> String {
             }
             out.push_str(&format!(
                 "[result of {name}] {}",
-                capped(piece.trim(), MAX_RESULT_CHARS)
+                capped_result(piece.trim())
             ));
         }
         let rest: String = chars[at.min(chars.len())..].iter().collect();
@@ -181,7 +188,7 @@ fn render_item(item: &Item, names: &HashMap<&str, &str>) -> String {
         out.push_str(&format!(
             "[{role} calls {}({})]",
             call.name,
-            capped(call.arguments.trim(), MAX_ARGUMENT_CHARS)
+            capped_argument(call.arguments.trim())
         ));
     }
     if out.is_empty() {
@@ -190,13 +197,37 @@ fn render_item(item: &Item, names: &HashMap<&str, &str>) -> String {
     out
 }
 
-/// `text` cut to `max` chars, saying how much was left out.
-fn capped(text: &str, max: usize) -> String {
+/// Tool-call arguments as a transcript shows them: cut to
+/// [`MAX_ARGUMENT_CHARS`], saying how much was left out.
+pub fn capped_argument(text: &str) -> String {
     let chars = char_count(text);
-    if chars <= max {
+    if chars <= MAX_ARGUMENT_CHARS {
         return text.to_owned();
     }
-    format!("{}… [{} more chars]", char_prefix(text, max), chars - max)
+    format!(
+        "{}… [{} more chars]",
+        char_prefix(text, MAX_ARGUMENT_CHARS),
+        chars - MAX_ARGUMENT_CHARS
+    )
+}
+
+/// A tool result as a transcript shows it: at most [`MAX_RESULT_CHARS`],
+/// its head and its tail around a note of how much was left out.
+pub fn capped_result(text: &str) -> String {
+    let chars = char_count(text);
+    if chars <= MAX_RESULT_CHARS {
+        return text.to_owned();
+    }
+    let head = char_prefix(text, RESULT_HEAD_CHARS);
+    let tail_start = text
+        .char_indices()
+        .nth(chars - RESULT_TAIL_CHARS)
+        .map_or(text.len(), |(byte, _)| byte);
+    format!(
+        "{head} … [{} chars left out] … {}",
+        chars - MAX_RESULT_CHARS,
+        &text[tail_start..]
+    )
 }
 
 #[cfg(test)]
@@ -252,6 +283,21 @@ mod tests {
         assert!(out[1].contains("more chars]"));
         assert!(out[1].chars().count() < 300);
         assert!(out[2].starts_with("[result of read_file] yyy"));
-        assert!(out[2].ends_with("[2000 more chars]"));
+        assert!(out[2].contains(" … [2500 chars left out] … yyy"));
+        assert!(out[2].chars().count() < 600);
+    }
+
+    #[test]
+    fn a_capped_result_keeps_its_head_and_its_tail() {
+        let text = format!("cargo test{}test result: FAILED", "·".repeat(5000));
+        let out = capped_result(&text);
+        assert!(out.starts_with("cargo test··"), "{out}");
+        assert!(out.ends_with("··test result: FAILED"), "{out}");
+        let left_out = char_count(&text) - MAX_RESULT_CHARS;
+        assert!(out.contains(&format!("[{left_out} chars left out]")));
+        let kept = char_count(&out) - char_count(&format!(" … [{left_out} chars left out] … "));
+        assert_eq!(kept, MAX_RESULT_CHARS);
+        let short = "x".repeat(MAX_RESULT_CHARS);
+        assert_eq!(capped_result(&short), short);
     }
 }

@@ -779,3 +779,30 @@ async fn background_stable_mode_writes_about_one_summary_per_re_compaction() {
         summarizer.calls()
     );
 }
+
+#[tokio::test]
+async fn a_relevance_goal_header_keeps_what_it_asks_for_beside_the_summary() {
+    const INVOICE: &str = "The invoice total for Kestrel was 4410 EUR.";
+    let extra =
+        "mode = \"stable\"\nscoring = \"relevance\"\nrelevance_goal_header = \"x-compaction-goal\"";
+    let (summarizer, upstream, proxy) = setup("chat", Mode::Canned, extra).await;
+    let mut all = turns(30);
+    all.insert(4, ("user", INVOICE.to_owned()));
+    let (path, body) = request("chat", &all);
+    let mut request = post(&proxy.url(path), &body, "k");
+    request.headers_mut().insert(
+        "x-compaction-goal",
+        http::HeaderValue::from_static("invoice total of Kestrel"),
+    );
+    let answer = send(request).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    assert!(answer.header("x-compaction-summary-id").is_some());
+    assert_eq!(summarizer.calls(), 1);
+    let forwarded = texts("chat", &upstream.last().json());
+    // The goal's compaction kept the invoice: the summary replaces what it
+    // removed, not what a compaction without the goal would have.
+    assert!(forwarded.iter().any(|(_, t)| t == INVOICE), "{forwarded:?}");
+    let asked = MockSummarizer::input_of(&summarizer.received()[0].1);
+    assert!(!asked.contains("Kestrel"), "{asked}");
+}

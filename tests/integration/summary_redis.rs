@@ -95,6 +95,15 @@ summarizer = "mock"
     )
 }
 
+/// `config` for the tests that prove sharing: a command deadline long
+/// enough that a loaded machine never turns a slow answer from the local
+/// Redis into a local-only write (the 250 ms default did once, with about
+/// six builds at once). What a slow or silent Redis costs is proven with a
+/// short deadline in `a_silent_redis_costs_a_request_its_configured_deadline`.
+fn sharing_config(summarizer: &str, redis: &str) -> String {
+    config(summarizer, redis).replace("[store]\n", "[store]\nredis_timeout_ms = 10000\n")
+}
+
 fn body(tag: &str) -> String {
     let mut messages = vec![json!({"role": "system", "content": "Be brief."})];
     for i in 0..20 {
@@ -128,7 +137,8 @@ async fn a_summary_made_by_one_proxy_is_used_by_another_with_the_same_bytes() {
     };
     let summarizer = MockSummarizer::start("chat", Mode::Canned).await;
     let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
-    let toml = config(&summarizer.url(), &redis.url());
+    let toml = sharing_config(&summarizer.url(), &redis.url());
+    assert!(toml.contains("redis_timeout_ms = 10000"));
     let one = TestProxy::start(&toml, &upstream.url()).await;
     let two = TestProxy::start(&toml, &upstream.url()).await;
     let body = body("shared");
@@ -198,6 +208,76 @@ async fn requests_still_succeed_when_redis_stops_and_the_metric_shows_it() {
     );
 }
 
+#[tokio::test]
+async fn a_silent_redis_costs_a_request_its_configured_deadline() {
+    // A "Redis" that accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held: std::sync::Arc<std::sync::Mutex<Vec<tokio::net::TcpStream>>> = Default::default();
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = silent.accept().await {
+            keep.lock().unwrap().push(stream);
+        }
+    });
+    let summarizer = MockSummarizer::start("chat", Mode::Canned).await;
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let waited = |deadline_ms: u64| {
+        let toml = config(&summarizer.url(), &format!("redis://127.0.0.1:{port}/0")).replace(
+            "[store]\n",
+            &format!("[store]\nredis_timeout_ms = {deadline_ms}\n"),
+        );
+        let upstream = upstream.url();
+        async move {
+            let proxy = TestProxy::start(&toml, &upstream).await;
+            let started = std::time::Instant::now();
+            let answer = send(post(proxy.url("/v1/chat/completions"), &body("silent"))).await;
+            let waited = started.elapsed();
+            assert_eq!(answer.status, 200);
+            assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+            assert_eq!(answer.header("x-compaction-summary-source"), Some("model"));
+            let metrics = text(&proxy, "/metrics").await;
+            assert!(
+                metrics.lines().any(|l| l
+                    .starts_with("compaction_proxy_summary_store_errors_total{")
+                    && !l.ends_with(" 0")),
+                "{metrics}"
+            );
+            let ready = text(&proxy, "/readyz").await;
+            assert!(ready.contains("kept in this process only"), "{ready}");
+            waited
+        }
+    };
+    // The configured deadline is what a request waits for Redis (connecting
+    // waits twice it, then Redis is left alone for a while): a long one is
+    // waited out (a floor, which load cannot break; 3.0 s measured), a
+    // short one ends the wait well within the summarizer's own deadline
+    // (0.21 s measured).
+    let long = waited(1500).await;
+    assert!(long >= Duration::from_millis(1500), "{long:?}");
+    let short = waited(100).await;
+    assert!(short < Duration::from_secs(5), "{short:?}");
+    assert!(
+        !held.lock().unwrap().is_empty(),
+        "the proxy tried the silent Redis"
+    );
+}
+
+#[test]
+fn check_config_refuses_a_zero_redis_deadline() {
+    let toml = config("http://127.0.0.1:9", "redis://127.0.0.1:6379/0")
+        .replace("[store]\n", "[store]\nredis_timeout_ms = 0\n");
+    let problems: Vec<String> = match compaction_proxy::policy::Runtime::load_text(
+        Some(&toml),
+        Vec::new(),
+        &compaction_proxy::config::Overrides::default(),
+    ) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors.0.into_iter().map(|p| p.path).collect(),
+    };
+    assert_eq!(problems, ["store.redis_timeout_ms"]);
+}
+
 /// A `compaction-proxy serve` process of the real binary, killed on drop.
 struct ProxyProcess {
     child: Child,
@@ -256,7 +336,7 @@ async fn two_proxy_processes_share_summaries_through_redis_and_survive_its_stop(
     let toml = format!(
         "[upstream]\nurl = \"{}\"\n{}",
         upstream.url(),
-        config(&summarizer.url(), &redis.url())
+        sharing_config(&summarizer.url(), &redis.url())
     );
     let one = ProxyProcess::start(&toml).await;
     let two = ProxyProcess::start(&toml).await;

@@ -515,3 +515,79 @@ async fn the_report_shows_the_models_decisions_as_remes() {
         "{report}"
     );
 }
+
+/// The text of the observation's goal section.
+fn goal_section(observation: &str) -> &str {
+    let start = observation.find("## Goal").expect("a goal section");
+    let end = observation.find("## Conversation").expect("a conversation");
+    &observation[start..end]
+}
+
+#[tokio::test]
+async fn a_relevance_goal_header_is_the_observations_goal_and_scores_the_re_compaction() {
+    const INVOICE: &str = "The invoice total for Kestrel was 4410 EUR.";
+    const SHIPMENT: &str = "The rail shipment to Halden leaves at 06:40.";
+    let decider = MockDecider::start(Answering::Rule).await;
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let url = format!("http://{}", decider.addr);
+    let toml = config(&url).replace(
+        "budget_chars = 6000",
+        "budget_chars = 3450\nscoring = \"relevance\"\nrelevance_goal_header = \"x-compaction-goal\"",
+    );
+    let proxy = TestProxy::start(&toml, &upstream.url()).await;
+    let (path, mut body) = body("chat");
+    let facts = [
+        json!({"role": "user", "content": INVOICE}),
+        json!({"role": "assistant", "content": "Filler about the weather and lunch. ".repeat(6)}),
+        json!({"role": "user", "content": SHIPMENT}),
+    ];
+    let messages = body["messages"].as_array_mut().unwrap();
+    for (k, fact) in facts.into_iter().enumerate() {
+        messages.insert(1 + k, fact);
+    }
+    let texts = |upstream: &MockUpstream| -> Vec<String> {
+        upstream.last().json()["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["content"].as_str().map(str::to_owned))
+            .collect()
+    };
+
+    // No goal: the latest request is the goal, and the invoice (older,
+    // matching nothing asked) does not fit.
+    let answer = send(post(&proxy.url(path), &body)).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(
+        answer.header("x-compaction-tool-decisions"),
+        Some("keep=1, drop_result=1, drop_call=1")
+    );
+    let seen = decider.observation(0);
+    assert!(
+        goal_section(&seen).contains("Now patch the retry loop in pay.rs."),
+        "{seen}"
+    );
+    let without = texts(&upstream);
+
+    // The header's goal: shown as the goal, and the re-compaction after the
+    // decisions keeps what it asks for.
+    let mut request = post(&proxy.url(path), &body);
+    request.headers_mut().insert(
+        "x-compaction-goal",
+        http::HeaderValue::from_static("invoice total of Kestrel"),
+    );
+    let answer = send(request).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(
+        answer.header("x-compaction-tool-decisions"),
+        Some("keep=1, drop_result=1, drop_call=1")
+    );
+    assert_eq!(decider.calls(), 2, "another goal, another observation");
+    let seen = decider.observation(1);
+    let goal = goal_section(&seen);
+    assert!(goal.contains("invoice total of Kestrel"), "{seen}");
+    assert!(!goal.contains("Now patch the retry loop"), "{seen}");
+    let with = texts(&upstream);
+    assert!(with.iter().any(|t| t == INVOICE), "{with:?}");
+    assert!(!without.iter().any(|t| t == INVOICE), "{without:?}");
+}
