@@ -105,7 +105,7 @@ enum Edit {
     /// turn, so the call is open across the snapshot.
     Call(usize),
     /// An earlier item's text changed (by index among the items).
-    EditEarlier(usize),
+    Earlier(usize),
     /// Another model (a top-level field).
     Model,
     /// The top-level keys in the other order.
@@ -118,7 +118,7 @@ fn edit() -> impl Strategy<Value = Edit> {
     prop_oneof![
         6 => (200usize..3000).prop_map(Edit::Append),
         2 => (200usize..3000).prop_map(Edit::Call),
-        1 => (0usize..64).prop_map(Edit::EditEarlier),
+        1 => (0usize..64).prop_map(Edit::Earlier),
         1 => Just(Edit::Model),
         1 => Just(Edit::Reorder),
         1 => (0.05f64..0.999).prop_map(Edit::Cut),
@@ -186,7 +186,7 @@ impl Session {
                 }
                 self.items.extend(new);
             }
-            Edit::EditEarlier(k) => {
+            Edit::Earlier(k) => {
                 let k = k % self.items.len();
                 let item = &mut self.items[k];
                 let note = Value::String(format!("edited {k}"));
@@ -280,7 +280,7 @@ fn an_appending_turn_resumes_and_parses_only_what_it_appends() {
         }
         assert_eq!((prefixes.hits(), prefixes.misses()), (5, 1), "{format}");
         // An edited earlier message: a miss, and the same parse.
-        let edited = session.apply(format, &Edit::EditEarlier(3));
+        let edited = session.apply(format, &Edit::Earlier(3));
         let want = whole(format, &edited, &policy, &CheckpointStore::new(0));
         assert_eq!(resumed(&prefixes, format, &edited, &policy, &ck), want);
         assert_eq!((prefixes.hits(), prefixes.misses()), (5, 2), "{format}");

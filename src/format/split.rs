@@ -49,6 +49,7 @@ impl TopArray<'_> {
 /// it found there with its own result. `None` unless serde found the array
 /// exactly where the scan cut (the cut is then serde's, and everything
 /// outside the array is valid JSON) and `read` gave a result.
+#[cfg(test)]
 pub(crate) fn split_body<'a, R>(
     body: &'a str,
     field: &str,
