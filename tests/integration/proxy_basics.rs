@@ -118,8 +118,8 @@ async fn word_lists_from_the_previous_turn_forward_the_same_bytes() {
     assert_eq!(warm, cold);
 }
 
-/// A parse resumed from the previous turn's (the default
-/// `cache.prefix_max_bytes`) changes nothing the upstream receives: turns
+/// A parse resumed from the previous turn's (with
+/// `cache.prefix_max_bytes` set) changes nothing the upstream receives: turns
 /// of the 200-message chat fixture, each appending to the one before (and
 /// one editing an earlier message), go out byte for byte as through a
 /// proxy that parses every body whole.
