@@ -16,7 +16,8 @@ use bytes::Bytes;
 use moka::sync::Cache;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
-use crate::format::Format;
+use crate::format::resume::{ReadState, Snapshot, MIN_SNAPSHOT_BYTES};
+use crate::format::{Format, Parsed, Skip};
 pub use crate::outcome::Outcome;
 
 #[derive(Debug)]
@@ -162,6 +163,254 @@ impl Checkpoints for CheckpointStore {
         self.states.is_some()
     }
 }
+
+/// Parses of recent large bodies ([`Snapshot`]), so that the next turn of
+/// the same conversation, which resends them with new items appended,
+/// parses only the new items ([`Format::parse_after`]). A body is filed
+/// under a hash of the policy, the format and its bytes up to the end of
+/// the compacted array's first [`SLOT_ELEMENTS`] items (where two
+/// conversations of one agent begin to differ); a slot holds the newest
+/// [`SLOT_SNAPSHOTS`] snapshots, each used only when the body begins with
+/// its bytes, compared byte for byte. A snapshot is taken out when used and
+/// the request's own put back when it is done, so a miss, an eviction or a
+/// collision only costs a whole parse, never a different one. Bounded in
+/// bytes by moka.
+pub struct PrefixCache {
+    slots: Option<Cache<u64, Arc<Slot>>>,
+    /// Test hook: every body files under one slot, as if every hash collided.
+    collide: bool,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// Snapshots filed under one slot, oldest first.
+struct Slot {
+    snapshots: Vec<Arc<Held>>,
+}
+
+/// A snapshot as a slot holds it: taken out (by move, not copied) by the
+/// request that resumes from it. Its weight is the one it had when put:
+/// once taken, the slot weighs more than it holds until it is replaced.
+struct Held {
+    weight: usize,
+    snapshot: Mutex<Option<Snapshot>>,
+}
+
+impl Held {
+    fn new(snapshot: Snapshot) -> Arc<Held> {
+        Arc::new(Held {
+            weight: snapshot.weight(),
+            snapshot: Mutex::new(Some(snapshot)),
+        })
+    }
+
+    /// Whether it still holds a snapshot and `test` holds of it.
+    fn holds(&self, test: impl FnOnce(&Snapshot) -> bool) -> bool {
+        let held = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().is_some_and(test)
+    }
+
+    fn take(&self) -> Option<Snapshot> {
+        self.snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+}
+
+/// Snapshots one slot holds (conversations that begin alike).
+pub const SLOT_SNAPSHOTS: usize = 4;
+/// The leading items of the compacted array a slot's key reads.
+pub const SLOT_ELEMENTS: usize = 3;
+
+/// What [`PrefixCache::parse`] lends to [`PrefixCache::keep`]: where the
+/// body files and the read loop's state at its end.
+pub struct Lease {
+    slot: Option<u64>,
+    state: Option<ReadState>,
+}
+
+impl Lease {
+    fn none() -> Self {
+        Lease {
+            slot: None,
+            state: None,
+        }
+    }
+}
+
+impl PrefixCache {
+    pub fn new(max_bytes: u64) -> Self {
+        let slots = (max_bytes > 0).then(|| {
+            Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, slot: &Arc<Slot>| {
+                    let bytes: usize =
+                        64 + slot.snapshots.iter().map(|h| 64 + h.weight).sum::<usize>();
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .build()
+        });
+        PrefixCache {
+            slots,
+            collide: false,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// A cache whose every body files under the same slot: what a hash
+    /// collision of every key would do (for tests).
+    pub fn colliding(max_bytes: u64) -> Self {
+        PrefixCache {
+            collide: true,
+            ..PrefixCache::new(max_bytes)
+        }
+    }
+
+    /// Parses that resumed from a snapshot.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Parses of a body large enough for a snapshot that found none to
+    /// resume from.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    /// Bytes held, as the weigher counts them (pending work done first).
+    pub fn weighted_size(&self) -> u64 {
+        self.slots.as_ref().map_or(0, |slots| {
+            slots.run_pending_tasks();
+            slots.weighted_size()
+        })
+    }
+
+    pub fn clear(&self) {
+        if let Some(slots) = &self.slots {
+            slots.invalidate_all();
+        }
+    }
+
+    /// The slots `body` may find its snapshot in: the one of its first
+    /// [`SLOT_ELEMENTS`] items (where it files its own), then those of
+    /// fewer, where an earlier turn with fewer items filed its own.
+    fn slots_of(&self, policy: u64, format: Format, body: &[u8]) -> Vec<u64> {
+        let field = match format {
+            Format::Responses => "input",
+            Format::Chat | Format::Anthropic => "messages",
+        };
+        let ends = crate::format::split::leading_elements::<SLOT_ELEMENTS>(body, field);
+        let seed = policy.rotate_left(8) ^ format as u64;
+        ends.iter()
+            .rev()
+            .map(|&end| match self.collide {
+                true => 0,
+                false => xxhash_rust::xxh3::xxh3_64_with_seed(&body[..end], seed),
+            })
+            .collect()
+    }
+
+    /// Parses `body` in `format`, from a snapshot of an earlier body it
+    /// begins with when there is one: the result is [`Format::parse`]'s.
+    /// Give the parse back to [`Self::keep`] once done with it.
+    pub fn parse<'b>(
+        &self,
+        policy: u64,
+        format: Format,
+        body: &'b [u8],
+        max_items: usize,
+    ) -> Result<(Parsed<'b>, Lease), Skip> {
+        let keys = match &self.slots {
+            Some(_) if body.len() >= MIN_SNAPSHOT_BYTES => self.slots_of(policy, format, body),
+            _ => Vec::new(),
+        };
+        let (Some(slots), Some(&slot)) = (&self.slots, keys.first()) else {
+            return format.parse(body, max_items).map(|p| (p, Lease::none()));
+        };
+        let found = keys
+            .iter()
+            .find_map(|&key| self.take(slots, key, format, body));
+        if let Some(snapshot) = found {
+            if let Some((parsed, state)) = format.parse_after(body, max_items, snapshot) {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                let lease = Lease {
+                    slot: Some(slot),
+                    state: Some(state),
+                };
+                return Ok((parsed, lease));
+            }
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let (parsed, state) = format.parse_resumable(body, max_items)?;
+        Ok((
+            parsed,
+            Lease {
+                slot: Some(slot),
+                state,
+            },
+        ))
+    }
+
+    /// Takes out of `slot` the newest snapshot `body` begins with.
+    fn take(
+        &self,
+        slots: &Cache<u64, Arc<Slot>>,
+        slot: u64,
+        format: Format,
+        body: &[u8],
+    ) -> Option<Snapshot> {
+        let held = slots.get(&slot)?;
+        let at = held
+            .snapshots
+            .iter()
+            .rposition(|h| h.holds(|s| s.format() == format && s.continues(body)))?;
+        // Taken under its lock: of two requests racing for it, one gets it
+        // (the other parses whole).
+        let found = held.snapshots[at].take();
+        let rest: Vec<_> = held
+            .snapshots
+            .iter()
+            .filter(|h| h.holds(|_| true))
+            .cloned()
+            .collect();
+        drop(held);
+        if rest.is_empty() {
+            slots.invalidate(&slot);
+        } else {
+            slots.insert(slot, Arc::new(Slot { snapshots: rest }));
+        }
+        found
+    }
+
+    /// Keeps what parsing a body gave, for the next turn to resume from:
+    /// it replaces the slot's snapshots that it extends.
+    pub fn keep(&self, lease: Lease, parsed: Parsed<'_>) {
+        let (Some(slots), Some(slot), Some(state)) = (&self.slots, lease.slot, lease.state) else {
+            return;
+        };
+        let Some(snapshot) = Snapshot::of(parsed, state) else {
+            return;
+        };
+        let mut snapshots = slots
+            .get(&slot)
+            .map(|held| held.snapshots.clone())
+            .unwrap_or_default();
+        // Those it extends (earlier turns of its conversation) and those
+        // taken go.
+        snapshots.retain(|h| h.holds(|s| !snapshot.prefix().starts_with(s.prefix())));
+        snapshots.push(Held::new(snapshot));
+        if snapshots.len() > SLOT_SNAPSHOTS {
+            snapshots.remove(0);
+        }
+        slots.insert(slot, Arc::new(Slot { snapshots }));
+    }
+}
+
+#[cfg(test)]
+#[path = "prefix_cache_tests.rs"]
+mod prefix_tests;
 
 #[cfg(test)]
 mod tests {

@@ -38,6 +38,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::resume::{ReadState, Start};
 use super::splice::{span, ArgumentsForm, Marker, WireItem};
 use super::split;
 use super::{
@@ -115,14 +116,25 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// [`parse`] with the messages found by [`split`]: serde reads each byte
 /// once. `None` when anything fails, for the plain way to find out why.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
-    let (array, system) = split::split_body(body, "messages", |outside| {
+    parse_split_from(body, max_items, None).map(|(parsed, _)| parsed)
+}
+
+/// [`parse_split`], resumed after the items `from` holds (with where the
+/// array opens and where they end), and the read loop's state at the end.
+pub(super) fn parse_split_from<'a>(
+    body: &'a str,
+    max_items: usize,
+    from: Option<(Start<'a>, (usize, usize))>,
+) -> Option<(Parsed<'a>, ReadState)> {
+    let (start, at) = from.map_or((Start::default(), None), |(s, at)| (s, Some(at)));
+    let (array, system) = split::split_body_from(body, "messages", at, |outside| {
         let [messages, system, compaction] = read_top(outside, TOP_FIELDS).ok()?;
         if asks_for_compaction(compaction) {
             return None;
         }
         Some((messages?, system.map(system_chars)))
     })?;
-    read_messages(body, array.elements, array.span, system, max_items).ok()
+    read_messages_from(body, array.elements, array.span, system, max_items, start).ok()
 }
 
 /// Reads the messages (`items`, each one's text in `body`) of the array at
@@ -135,23 +147,39 @@ fn read_messages<'a>(
     system: Option<Option<usize>>,
     max_items: usize,
 ) -> Result<Parsed<'a>, Skip> {
-    if items.len() > max_items {
-        return Err(Skip::TooManyMessages(items.len(), max_items));
+    read_messages_from(body, items, array_span, system, max_items, Start::default()).map(|(p, _)| p)
+}
+
+/// [`read_messages`] after the items `start` holds (`items` are the ones
+/// after them), and the loop's state at the end.
+fn read_messages_from<'a>(
+    body: &'a str,
+    items: Vec<&'a str>,
+    array_span: std::ops::Range<usize>,
+    system: Option<Option<usize>>,
+    max_items: usize,
+    start: Start<'a>,
+) -> Result<(Parsed<'a>, ReadState), Skip> {
+    let first = start.items.len();
+    if first + items.len() > max_items {
+        return Err(Skip::TooManyMessages(first + items.len(), max_items));
     }
     let mut conversation = Conversation {
-        items: Vec::with_capacity(items.len()),
+        items: start.items,
         outside_chars: match system {
             None => 0,
             Some(chars) => chars.ok_or(Skip::NoMessages)?,
         },
     };
+    conversation.items.reserve(items.len());
 
-    let mut wire = Vec::with_capacity(items.len());
+    let mut wire = start.wire;
+    wire.reserve(items.len());
     // tool_use id -> group of the assistant message that made the call
     // (hashed: a message may hold thousands of calls, and each result
     // looks its id up)
-    let mut open_calls: HashMap<String, u32> = HashMap::new();
-    for (i, raw) in items.into_iter().enumerate() {
+    let mut open_calls: HashMap<String, u32> = start.state.open_calls;
+    for (i, raw) in (first..).zip(items) {
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -321,13 +349,18 @@ fn read_messages<'a>(
         wire.push(w);
     }
     conversation.read_from_latest_compaction();
-    Ok(Parsed {
+    let state = ReadState {
+        open_calls,
+        ..ReadState::default()
+    };
+    let parsed = Parsed {
         format: Format::Anthropic,
         conversation,
         body,
         array_span,
         wire,
-    })
+    };
+    Ok((parsed, state))
 }
 
 /// A tool result's content: a string, or blocks whose text counts; a block

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::resume::{ReadState, Start};
 use super::splice::{span, string_at, ArgumentsForm, WireItem};
 use super::split;
 use super::{
@@ -103,11 +104,22 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// [`parse`] with the messages found by [`split`]: serde reads each byte
 /// once. `None` when anything fails, for the plain way to find out why.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
-    let (array, ()) = split::split_body(body, "messages", |outside| {
+    parse_split_from(body, max_items, None).map(|(parsed, _)| parsed)
+}
+
+/// [`parse_split`], resumed after the items `from` holds (with where the
+/// array opens and where they end), and the read loop's state at the end.
+pub(super) fn parse_split_from<'a>(
+    body: &'a str,
+    max_items: usize,
+    from: Option<(Start<'a>, (usize, usize))>,
+) -> Option<(Parsed<'a>, ReadState)> {
+    let (start, at) = from.map_or((Start::default(), None), |(s, at)| (s, Some(at)));
+    let (array, ()) = split::split_body_from(body, "messages", at, |outside| {
         let [messages] = read_top(outside, ["messages"]).ok()?;
         Some((messages?, ()))
     })?;
-    read_messages(body, array.elements, array.span, max_items).ok()
+    read_messages_from(body, array.elements, array.span, max_items, start).ok()
 }
 
 /// Reads the messages (`items`, each one's text in `body`) of the array at
@@ -118,21 +130,36 @@ fn read_messages<'a>(
     array_span: std::ops::Range<usize>,
     max_items: usize,
 ) -> Result<Parsed<'a>, Skip> {
-    if items.len() > max_items {
-        return Err(Skip::TooManyMessages(items.len(), max_items));
+    read_messages_from(body, items, array_span, max_items, Start::default()).map(|(p, _)| p)
+}
+
+/// [`read_messages`] after the items `start` holds (`items` are the ones
+/// after them), and the loop's state at the end.
+fn read_messages_from<'a>(
+    body: &'a str,
+    items: Vec<&'a str>,
+    array_span: std::ops::Range<usize>,
+    max_items: usize,
+    start: Start<'a>,
+) -> Result<(Parsed<'a>, ReadState), Skip> {
+    let first = start.items.len();
+    if first + items.len() > max_items {
+        return Err(Skip::TooManyMessages(first + items.len(), max_items));
     }
 
     let mut conversation = Conversation {
-        items: Vec::with_capacity(items.len()),
+        items: start.items,
         ..Conversation::default()
     };
-    let mut wire = Vec::with_capacity(items.len());
+    conversation.items.reserve(items.len());
+    let mut wire = start.wire;
+    wire.reserve(items.len());
     // tool_call id -> group of the assistant message that made the call
     // (hashed: a message may hold thousands of calls, and each tool
     // message looks its id up)
-    let mut open_calls: HashMap<String, u32> = HashMap::new();
-    let mut function_group: Option<u32> = None;
-    for (i, raw) in items.into_iter().enumerate() {
+    let mut open_calls: HashMap<String, u32> = start.state.open_calls;
+    let mut function_group: Option<u32> = start.state.function_group;
+    for (i, raw) in (first..).zip(items) {
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -213,13 +240,19 @@ fn read_messages<'a>(
         conversation.items.push(item);
         wire.push(w);
     }
-    Ok(Parsed {
+    let state = ReadState {
+        open_calls,
+        function_group,
+        ..ReadState::default()
+    };
+    let parsed = Parsed {
         format: Format::Chat,
         conversation,
         body,
         array_span,
         wire,
-    })
+    };
+    Ok((parsed, state))
 }
 
 /// Reads string or array content into the item's text pieces.

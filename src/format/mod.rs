@@ -28,6 +28,7 @@ pub mod anthropic;
 pub mod chat;
 pub mod recall;
 pub mod responses;
+pub mod resume;
 pub(crate) mod rules;
 pub(crate) mod splice;
 pub(crate) mod split;

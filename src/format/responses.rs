@@ -30,6 +30,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::resume::{ReadState, Start};
 use super::splice::{span, string_at, ArgumentsForm, WireItem};
 use super::split;
 use super::{
@@ -132,16 +133,28 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
 /// once. `None` when anything fails or the input is one string, for the
 /// plain way.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
-    let (array, instructions_chars) = split::split_body(body, "input", |outside| {
+    parse_split_from(body, max_items, None).map(|(parsed, _)| parsed)
+}
+
+/// [`parse_split`], resumed after the items `from` holds (with where the
+/// array opens and where they end), and the read loop's state at the end.
+pub(super) fn parse_split_from<'a>(
+    body: &'a str,
+    max_items: usize,
+    from: Option<(Start<'a>, (usize, usize))>,
+) -> Option<(Parsed<'a>, ReadState)> {
+    let (start, at) = from.map_or((Start::default(), None), |(s, at)| (s, Some(at)));
+    let (array, instructions_chars) = split::split_body_from(body, "input", at, |outside| {
         let [input, instructions, previous] = read_top(outside, TOP_FIELDS).ok()?;
         Some((input?, outside_of(instructions, previous).ok()?))
     })?;
-    read_items(
+    read_items_from(
         body,
         array.elements,
         array.span,
         instructions_chars,
         max_items,
+        start,
     )
     .ok()
 }
@@ -155,23 +168,47 @@ fn read_items<'a>(
     instructions_chars: usize,
     max_items: usize,
 ) -> Result<Parsed<'a>, Skip> {
-    if items.len() > max_items {
-        return Err(Skip::TooManyMessages(items.len(), max_items));
+    read_items_from(
+        body,
+        items,
+        array_span,
+        instructions_chars,
+        max_items,
+        Start::default(),
+    )
+    .map(|(p, _)| p)
+}
+
+/// [`read_items`] after the items `start` holds (`items` are the ones
+/// after them), and the loop's state at the end.
+fn read_items_from<'a>(
+    body: &'a str,
+    items: Vec<&'a str>,
+    array_span: std::ops::Range<usize>,
+    instructions_chars: usize,
+    max_items: usize,
+    start: Start<'a>,
+) -> Result<(Parsed<'a>, ReadState), Skip> {
+    let first = start.items.len();
+    let count = first + items.len();
+    if count > max_items {
+        return Err(Skip::TooManyMessages(count, max_items));
     }
     let mut conversation = Conversation {
-        items: Vec::with_capacity(items.len()),
+        items: start.items,
         outside_chars: instructions_chars,
     };
+    conversation.items.reserve(items.len());
 
-    let mut wire = Vec::with_capacity(items.len());
+    let mut wire = start.wire;
+    wire.reserve(items.len());
     // call_id -> group of the model turn that made the call
-    let mut open_calls: std::collections::HashMap<String, u32> = Default::default();
+    let mut open_calls: std::collections::HashMap<String, u32> = start.state.open_calls;
     // The group of the model turn being read (consecutive calls share it).
-    let mut turn_group: Option<u32> = None;
+    let mut turn_group: Option<u32> = start.state.turn_group;
     // Reasoning items waiting for the item they belong with.
-    let mut reasoning: Vec<usize> = Vec::new();
-    let count = items.len();
-    for (i, raw) in items.into_iter().enumerate() {
+    let mut reasoning: Vec<usize> = start.state.reasoning;
+    for (i, raw) in (first..).zip(items) {
         let last = i + 1 == count;
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
@@ -289,18 +326,25 @@ fn read_items<'a>(
             }
         }
     }
-    for r in reasoning {
+    for &r in &reasoning {
         // Trailing reasoning belongs with nothing yet: keep it.
         conversation.items[r].fix("reasoning with no item after it yet");
     }
     conversation.read_from_latest_compaction();
-    Ok(Parsed {
+    let state = ReadState {
+        open_calls,
+        turn_group,
+        reasoning,
+        ..ReadState::default()
+    };
+    let parsed = Parsed {
         format: Format::Responses,
         conversation,
         body,
         array_span,
         wire,
-    })
+    };
+    Ok((parsed, state))
 }
 
 /// Item types this format reads.

@@ -49,12 +49,29 @@ impl TopArray<'_> {
 /// it found there with its own result. `None` unless serde found the array
 /// exactly where the scan cut (the cut is then serde's, and everything
 /// outside the array is valid JSON) and `read` gave a result.
+#[cfg(test)]
 pub(crate) fn split_body<'a, R>(
     body: &'a str,
     field: &str,
     read: impl for<'o> FnOnce(&'o str) -> Option<(&'o RawValue, R)>,
 ) -> Option<(TopArray<'a>, R)> {
-    let array = top_array(body, field)?;
+    split_body_from(body, field, None, read)
+}
+
+/// [`split_body`], resumed: with `from = Some((start, at))` the array is
+/// known to open at `start` and its elements up to byte `at` (the end of
+/// one) were read already, so only those after `at` are returned (the
+/// span is still the whole array's).
+pub(crate) fn split_body_from<'a, R>(
+    body: &'a str,
+    field: &str,
+    from: Option<(usize, usize)>,
+    read: impl for<'o> FnOnce(&'o str) -> Option<(&'o RawValue, R)>,
+) -> Option<(TopArray<'a>, R)> {
+    let array = match from {
+        None => top_array(body, field)?,
+        Some((start, at)) => array_rest(body, start, at)?,
+    };
     let (outside, at) = array.outside(body);
     let (found, taken) = read(&outside)?;
     let found = found.get();
@@ -125,6 +142,90 @@ fn array_at(body: &str, start: usize) -> Option<TopArray<'_>> {
             _ => return None,
         }
     }
+}
+
+/// The elements after byte `at` of the array opening at `start`, `at`
+/// being the end of one of its elements: what follows must be `]` or `,`
+/// and more elements.
+fn array_rest(body: &str, start: usize, at: usize) -> Option<TopArray<'_>> {
+    let bytes = body.as_bytes();
+    if bytes.get(start) != Some(&b'[') || at <= start + 1 {
+        return None;
+    }
+    let mut elements = Vec::new();
+    let mut at = skip_whitespace(bytes, at);
+    loop {
+        match bytes.get(at) {
+            Some(b',') => at = skip_whitespace(bytes, at + 1),
+            Some(b']') => {
+                return Some(TopArray {
+                    span: start..at + 1,
+                    elements,
+                })
+            }
+            _ => return None,
+        }
+        let element_start = at;
+        at = skip_value(bytes, at)?;
+        elements.push(body.get(element_start..at)?);
+        at = skip_whitespace(bytes, at);
+    }
+}
+
+/// Where the first `N` elements of the array that is the value of the
+/// top-level `field` of `body` end (fewer when it holds fewer, none when
+/// it is empty or not found): what the prefix cache files a body under.
+pub(crate) fn leading_elements<const N: usize>(bytes: &[u8], field: &str) -> Vec<usize> {
+    leading(bytes, field, N).unwrap_or_default()
+}
+
+fn leading(bytes: &[u8], field: &str, n: usize) -> Option<Vec<usize>> {
+    let mut at = skip_whitespace(bytes, 0);
+    if bytes.get(at) != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    loop {
+        at = skip_whitespace(bytes, at);
+        let key_start = at;
+        at = skip_string(bytes, at)?;
+        let key = &bytes[key_start + 1..at - 1];
+        at = skip_whitespace(bytes, at);
+        if bytes.get(at) != Some(&b':') {
+            return None;
+        }
+        at = skip_whitespace(bytes, at + 1);
+        if key == field.as_bytes() {
+            break;
+        }
+        at = skip_value(bytes, at)?;
+        at = skip_whitespace(bytes, at);
+        match bytes.get(at) {
+            Some(b',') => at += 1,
+            _ => return None,
+        }
+    }
+    let start = at;
+    if bytes.get(start) != Some(&b'[') {
+        return None;
+    }
+    let mut end = start + 1;
+    let mut ends = Vec::with_capacity(n);
+    for _ in 0..n {
+        let next = skip_whitespace(bytes, end);
+        let next = match bytes.get(next) {
+            Some(b',') if !ends.is_empty() => skip_whitespace(bytes, next + 1),
+            Some(b']') => break,
+            _ if ends.is_empty() => next,
+            _ => break,
+        };
+        match skip_value(bytes, next) {
+            Some(at) => end = at,
+            None => break,
+        }
+        ends.push(end);
+    }
+    Some(ends)
 }
 
 fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {

@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::body::{self, Coding};
 use super::AppState;
-use crate::cache::CompactionCache;
+use crate::cache::{CompactionCache, PrefixCache};
 use crate::compaction::stable::Checkpoints;
 use crate::error::ProxyError;
 use crate::format::{Format, Skip};
@@ -224,25 +224,46 @@ fn compute(
         let measured = baseline(state, billing, &decoded, &policy, &outcome);
         return Ok((Arc::new(outcome), false, measured));
     }
-    let key = CompactionCache::key(policy.id, format, &decoded);
-    if let Some(hit) = state.cache.get(key, &decoded) {
-        let measured = baseline(state, billing, &decoded, policy, &hit);
-        return Ok((hit, true, measured));
-    }
-    let outcome = outcome_of(
-        &decoded,
+    let (outcome, hit) = decide_decoded(
+        &state.cache,
+        &state.checkpoints,
+        &state.prefixes,
         policy,
         format,
+        &decoded,
         limits.messages,
-        &state.checkpoints,
     )
     .map_err(Decline::Read)?;
-    let outcome = Arc::new(outcome);
+    let measured = baseline(state, billing, &decoded, policy, &outcome);
+    Ok((outcome, hit, measured))
+}
+
+/// The CPU-bound core of one request's decision, for a decoded body with
+/// no relevance goal: the compaction cache, then the pipeline on a miss
+/// (with stable mode's checkpoints, and the parse resumed from a known
+/// prefix when `prefixes` holds one). The bool says whether the cache
+/// answered. Public so that benches drive what the proxy runs.
+pub fn decide_decoded(
+    cache: &CompactionCache,
+    checkpoints: &dyn Checkpoints,
+    prefixes: &PrefixCache,
+    policy: &CompiledPolicy,
+    format: Format,
+    decoded: &[u8],
+    max_messages: usize,
+) -> Result<(Arc<Outcome>, bool), Skip> {
+    let key = CompactionCache::key(policy.id, format, decoded);
+    if let Some(hit) = cache.get(key, decoded) {
+        return Ok((hit, true));
+    }
+    let (parsed, lease) = prefixes.parse(policy.id, format, decoded, max_messages)?;
+    refuse_agent_compaction(&parsed, policy)?;
+    let outcome = Arc::new(outcome_of_parsed(&parsed, policy, checkpoints, None));
+    prefixes.keep(lease, parsed);
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
-    state.cache.insert(key, &decoded, outcome.clone());
-    let measured = baseline(state, billing, &decoded, policy, &outcome);
-    Ok((outcome, false, measured))
+    cache.insert(key, decoded, outcome.clone());
+    Ok((outcome, false))
 }
 
 /// What compacting a decoded body under `policy` gives: the pure core of

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use super::upstream::Upstream;
 use super::{admin, body};
-use crate::cache::{CheckpointStore, CompactionCache};
+use crate::cache::{CheckpointStore, CompactionCache, PrefixCache};
 use crate::metrics::Metrics;
 use crate::policy::Runtime;
 
@@ -27,6 +27,8 @@ pub struct AppState {
     pub reports: crate::explain::ReportStore,
     /// Stable mode's replay checkpoints.
     pub checkpoints: CheckpointStore,
+    /// Parses of recent large bodies, for the next turn to resume from.
+    pub prefixes: PrefixCache,
     /// The inspector's recent requests (kept while `[inspector]` is on).
     pub inspector: crate::inspector::RecentRequests,
     /// Prints of recent original requests, for the bill's estimate.
@@ -97,6 +99,7 @@ impl AppState {
             summary_choices: moka::sync::Cache::new(100_000),
             cache: CompactionCache::new(runtime.config.cache.max_bytes),
             checkpoints: CheckpointStore::new(runtime.config.cache.checkpoint_max_bytes),
+            prefixes: PrefixCache::new(runtime.config.cache.prefix_max_bytes),
             inspector: crate::inspector::RecentRequests::new(
                 runtime.config.inspector.max_requests,
                 runtime.config.inspector.max_bytes,
@@ -131,6 +134,7 @@ impl AppState {
         *self.runtime.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(runtime);
         self.cache.clear();
         self.checkpoints.clear();
+        self.prefixes.clear();
     }
 
     pub fn is_ready(&self) -> bool {

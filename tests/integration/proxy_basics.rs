@@ -117,3 +117,38 @@ async fn word_lists_from_the_previous_turn_forward_the_same_bytes() {
     let cold = compacted_upstream_bodies(&policy(0), vec![earlier, later]).await;
     assert_eq!(warm, cold);
 }
+
+/// A parse resumed from the previous turn's (with
+/// `cache.prefix_max_bytes` set) changes nothing the upstream receives: turns
+/// of the 200-message chat fixture, each appending to the one before (and
+/// one editing an earlier message), go out byte for byte as through a
+/// proxy that parses every body whole.
+#[tokio::test]
+async fn a_parse_resumed_from_the_previous_turn_forwards_the_same_bytes() {
+    let chat: serde_json::Value =
+        serde_json::from_slice(&fixture("chat-200-messages.json")).unwrap();
+    let messages = chat["messages"].as_array().unwrap();
+    let turn = |n: usize| serde_json::json!({"model": "m", "messages": messages[..n]}).to_string();
+    let n = messages.len();
+    let mut edited = messages[..n].to_vec();
+    edited[3]["content"] = serde_json::Value::String("an edited earlier message".into());
+    let edited = serde_json::json!({"model": "m", "messages": edited}).to_string();
+    let bodies = vec![
+        turn(n - 6),
+        turn(n - 4),
+        turn(n - 2),
+        turn(n),
+        edited,
+        turn(n),
+    ];
+    assert!(bodies[0].len() >= compaction_proxy::format::resume::MIN_SNAPSHOT_BYTES);
+    let policy = |prefixes: u64| {
+        format!(
+            "[cache]\nmax_bytes = 0\nprefix_max_bytes = {prefixes}\n\
+             [policies.default]\nbudget_chars = 20000\nkeep_last_n = 2\n"
+        )
+    };
+    let resumed = compacted_upstream_bodies(&policy(64 << 20), bodies.clone()).await;
+    let whole = compacted_upstream_bodies(&policy(0), bodies).await;
+    assert_eq!(resumed, whole);
+}

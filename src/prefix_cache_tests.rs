@@ -1,0 +1,345 @@
+//! The prefix cache's contract: a parse resumed from a snapshot is the
+//! whole parse, whatever the client did to its history, and an appending
+//! turn does resume.
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::config::Mode;
+use crate::engine::{Policy, Role};
+use crate::policy::CompiledPolicy;
+
+fn policy(mode: Mode) -> CompiledPolicy {
+    let mut engine = Policy::with_budget(40_000);
+    engine.keep_roles = vec![Role::System];
+    engine.max_message_chars = 4000;
+    let mut p = CompiledPolicy::plain("prefix", engine);
+    p.mode = mode;
+    p.pin_first_user = true;
+    p
+}
+
+/// Text of `n` chars with escapes (newlines, quotes) now and then.
+fn text(n: usize, seed: u64) -> String {
+    let mut out = String::with_capacity(n + 16);
+    let mut x = seed | 1;
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        match x % 11 {
+            0 => out.push('\n'),
+            1 => out.push_str("\"q\""),
+            2 => out.push('é'),
+            _ => out.push_str("word "),
+        }
+    }
+    out
+}
+
+/// Turn `t`'s items: the model's call and the tool's result.
+fn turn_items(format: Format, t: usize, size: usize) -> Vec<Value> {
+    let id = format!("call_{t}");
+    let out = text(size, t as u64 + 7);
+    match format {
+        Format::Chat => vec![
+            json!({"role": "assistant", "content": "ok", "tool_calls": [{"id": id, "type": "function",
+                   "function": {"name": "read", "arguments": "{\"p\":1}"}}]}),
+            json!({"role": "tool", "tool_call_id": id, "content": out}),
+        ],
+        Format::Anthropic => vec![
+            json!({"role": "assistant", "content": [{"type": "text", "text": "ok"},
+                   {"type": "tool_use", "id": id, "name": "read", "input": {"p": 1}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id,
+                   "content": out}]}),
+        ],
+        Format::Responses => vec![
+            json!({"type": "function_call", "call_id": id, "name": "read", "arguments": "{\"p\":1}"}),
+            json!({"type": "function_call_output", "call_id": id, "output": out}),
+        ],
+    }
+}
+
+fn first_items(format: Format, task: &str) -> Vec<Value> {
+    // Large enough that every body is snapshotted.
+    let big = text(MIN_SNAPSHOT_BYTES, 3);
+    match format {
+        Format::Chat => vec![
+            json!({"role": "system", "content": "be brief"}),
+            json!({"role": "user", "content": format!("{task} {big}")}),
+        ],
+        Format::Anthropic | Format::Responses => {
+            vec![json!({"role": "user", "content": format!("{task} {big}")})]
+        }
+    }
+}
+
+/// A body of `items`, its top-level fields in one of two orders.
+fn body(format: Format, items: &[Value], model: &str, array_first: bool) -> Vec<u8> {
+    let array = serde_json::to_string(items).unwrap();
+    let field = match format {
+        Format::Responses => "input",
+        _ => "messages",
+    };
+    let others = match format {
+        Format::Chat => format!("\"model\":{model:?},\"stream\":true"),
+        Format::Anthropic => {
+            format!("\"model\":{model:?},\"max_tokens\":100,\"system\":\"s\",\"stream\":true")
+        }
+        Format::Responses => format!("\"model\":{model:?},\"instructions\":\"i\",\"stream\":true"),
+    };
+    let text = if array_first {
+        format!("{{\"{field}\": {array}, {others}}}")
+    } else {
+        format!("{{{others}, \"{field}\":{array}}}")
+    };
+    text.into_bytes()
+}
+
+#[derive(Debug, Clone)]
+enum Edit {
+    /// A new turn appended.
+    Append(usize),
+    /// A model's call appended alone: its result comes with the next
+    /// turn, so the call is open across the snapshot.
+    Call(usize),
+    /// An earlier item's text changed (by index among the items).
+    Earlier(usize),
+    /// Another model (a top-level field).
+    Model,
+    /// The top-level keys in the other order.
+    Reorder,
+    /// The body cut mid-message (a broken client), once.
+    Cut(f64),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        6 => (200usize..3000).prop_map(Edit::Append),
+        2 => (200usize..3000).prop_map(Edit::Call),
+        1 => (0usize..64).prop_map(Edit::Earlier),
+        1 => Just(Edit::Model),
+        1 => Just(Edit::Reorder),
+        1 => (0.05f64..0.999).prop_map(Edit::Cut),
+    ]
+}
+
+/// What a path makes of a body: the parse (all of it, spans included) and
+/// the bytes forwarded, or why it was skipped.
+fn whole(
+    format: Format,
+    body: &[u8],
+    policy: &CompiledPolicy,
+    checkpoints: &CheckpointStore,
+) -> Result<(String, Vec<u8>), Skip> {
+    let parsed = format.parse(body, 10_000)?;
+    let outcome = crate::proxy::compact::outcome_of_parsed(&parsed, policy, checkpoints, None);
+    let forwarded = outcome.rewritten.map_or(body.to_vec(), |b| b.to_vec());
+    Ok((format!("{parsed:?}"), forwarded))
+}
+
+fn resumed(
+    prefixes: &PrefixCache,
+    format: Format,
+    body: &[u8],
+    policy: &CompiledPolicy,
+    checkpoints: &CheckpointStore,
+) -> Result<(String, Vec<u8>), Skip> {
+    let (parsed, lease) = prefixes.parse(policy.id, format, body, 10_000)?;
+    let outcome = crate::proxy::compact::outcome_of_parsed(&parsed, policy, checkpoints, None);
+    let seen = format!("{parsed:?}");
+    prefixes.keep(lease, parsed);
+    let forwarded = outcome.rewritten.map_or(body.to_vec(), |b| b.to_vec());
+    Ok((seen, forwarded))
+}
+
+struct Session {
+    items: Vec<Value>,
+    /// The result of a call appended alone, for the next turn.
+    pending: Option<Value>,
+    model: String,
+    array_first: bool,
+    turns: usize,
+}
+
+impl Session {
+    fn new(format: Format, task: &str) -> Self {
+        Session {
+            items: first_items(format, task),
+            pending: None,
+            model: "m-1".into(),
+            array_first: true,
+            turns: 0,
+        }
+    }
+
+    /// The next request's body after `edit` (a cut is not kept).
+    fn apply(&mut self, format: Format, edit: &Edit) -> Vec<u8> {
+        match edit {
+            Edit::Append(size) | Edit::Call(size) => {
+                self.items.extend(self.pending.take());
+                self.turns += 1;
+                let mut new = turn_items(format, self.turns, *size);
+                if matches!(edit, Edit::Call(_)) {
+                    self.pending = new.pop();
+                }
+                self.items.extend(new);
+            }
+            Edit::Earlier(k) => {
+                let k = k % self.items.len();
+                let item = &mut self.items[k];
+                let note = Value::String(format!("edited {k}"));
+                match format {
+                    Format::Responses if item.get("output").is_some() => item["output"] = note,
+                    Format::Responses if item.get("arguments").is_some() => {
+                        item["arguments"] = Value::String("{\"p\":2}".into())
+                    }
+                    _ if item.get("content").is_some() => item["content"] = note,
+                    _ => item["edited"] = note,
+                }
+            }
+            Edit::Model => self.model.push('x'),
+            Edit::Reorder => self.array_first = !self.array_first,
+            Edit::Cut(at) => {
+                let whole = body(format, &self.items, &self.model, self.array_first);
+                let mut cut = ((whole.len() as f64) * at) as usize;
+                while std::str::from_utf8(&whole[..cut]).is_err() {
+                    cut -= 1;
+                }
+                return whole[..cut].to_vec();
+            }
+        }
+        body(format, &self.items, &self.model, self.array_first)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// For random sessions with random edits, the resumed parse forwards
+    /// exactly what the whole parse forwards (and parses the same, spans
+    /// included); on an appending turn after a kept parse it does resume.
+    /// With every body filed under one slot (a forced collision), two
+    /// sessions interleaved still get their own parses.
+    #[test]
+    fn a_resumed_parse_forwards_what_the_whole_parse_forwards(
+        format in prop_oneof![Just(Format::Chat), Just(Format::Anthropic), Just(Format::Responses)],
+        stable in any::<bool>(),
+        collide in any::<bool>(),
+        edits in proptest::collection::vec((edit(), any::<bool>()), 1..10),
+    ) {
+        let policy = policy(if stable { Mode::Stable } else { Mode::Exact });
+        let prefixes = if collide {
+            PrefixCache::colliding(64 << 20)
+        } else {
+            PrefixCache::new(64 << 20)
+        };
+        let (full_ck, resumed_ck) = (CheckpointStore::new(1 << 20), CheckpointStore::new(1 << 20));
+        let mut sessions = [Session::new(format, "task one"), Session::new(format, "task two")];
+        // Whether each session's last request left a snapshot to extend.
+        let mut kept = [false, false];
+        let mut expected_hits = 0;
+        for (edit, second) in &edits {
+            let s = usize::from(*second && collide);
+            let request = sessions[s].apply(format, edit);
+            let before = prefixes.hits();
+            let want = whole(format, &request, &policy, &full_ck);
+            let got = resumed(&prefixes, format, &request, &policy, &resumed_ck);
+            prop_assert_eq!(&got, &want, "{:?} on session {}", edit, s);
+            let hit = prefixes.hits() - before;
+            // (Interleaved sessions in one slot may push each other's
+            // snapshots out: only the lone session is held to resuming.)
+            if matches!(edit, Edit::Append(_) | Edit::Call(_)) && kept[s] && !collide {
+                prop_assert_eq!(hit, 1, "an appending turn resumes");
+                expected_hits += 1;
+            }
+            // A cut body may take the session's snapshot with it.
+            kept[s] = !matches!(edit, Edit::Cut(_))
+                && want.is_ok()
+                && request.len() >= MIN_SNAPSHOT_BYTES;
+        }
+        prop_assert!(prefixes.hits() >= expected_hits);
+    }
+}
+
+#[test]
+fn an_appending_turn_resumes_and_parses_only_what_it_appends() {
+    for format in Format::ALL {
+        let policy = policy(Mode::Stable);
+        let prefixes = PrefixCache::new(64 << 20);
+        let ck = CheckpointStore::new(1 << 20);
+        let mut session = Session::new(format, "t");
+        let first = session.apply(format, &Edit::Append(500));
+        resumed(&prefixes, format, &first, &policy, &ck).unwrap();
+        assert_eq!((prefixes.hits(), prefixes.misses()), (0, 1), "{format}");
+        for turn in 0..5 {
+            let next = session.apply(format, &Edit::Append(700 + turn));
+            let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+            assert_eq!(resumed(&prefixes, format, &next, &policy, &ck), want);
+        }
+        assert_eq!((prefixes.hits(), prefixes.misses()), (5, 1), "{format}");
+        // An edited earlier message: a miss, and the same parse.
+        let edited = session.apply(format, &Edit::Earlier(3));
+        let want = whole(format, &edited, &policy, &CheckpointStore::new(0));
+        assert_eq!(resumed(&prefixes, format, &edited, &policy, &ck), want);
+        assert_eq!((prefixes.hits(), prefixes.misses()), (5, 2), "{format}");
+    }
+}
+
+#[test]
+fn small_bodies_and_a_cache_of_zero_bytes_parse_whole_and_keep_nothing() {
+    let policy = policy(Mode::Stable);
+    let ck = CheckpointStore::new(0);
+    let small = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let on = PrefixCache::new(1 << 20);
+    resumed(&on, Format::Chat, small, &policy, &ck).unwrap();
+    assert_eq!((on.hits(), on.misses(), on.weighted_size()), (0, 0, 0));
+    let off = PrefixCache::new(0);
+    let mut session = Session::new(Format::Chat, "t");
+    for _ in 0..3 {
+        let body = session.apply(Format::Chat, &Edit::Append(100));
+        resumed(&off, Format::Chat, &body, &policy, &ck).unwrap();
+    }
+    assert_eq!((off.hits(), off.misses(), off.weighted_size()), (0, 0, 0));
+}
+
+#[test]
+fn a_snapshot_weighs_at_least_what_it_holds() {
+    let mut session = Session::new(Format::Chat, "t");
+    let body = session.apply(Format::Chat, &Edit::Append(20_000));
+    let (parsed, state) = Format::Chat.parse_resumable(&body, 100).unwrap();
+    let texts: usize = parsed.conversation.items.iter().map(|m| m.text.len()).sum();
+    let snapshot = Snapshot::of(parsed, state.unwrap()).unwrap();
+    // The prefix, the items' texts and the escaped texts' decoded copies.
+    assert!(
+        snapshot.weight() >= snapshot.prefix().len() + 2 * texts,
+        "{} < {} + 2 * {texts}",
+        snapshot.weight(),
+        snapshot.prefix().len()
+    );
+    assert!(snapshot.weight() <= 4 * body.len(), "{}", snapshot.weight());
+}
+
+/// Memory stays bounded by `prefix_max_bytes` with 100,000 distinct
+/// sessions (each body just over the snapshot threshold).
+#[test]
+fn memory_stays_bounded_with_100000_sessions() {
+    let max = 8u64 << 20;
+    let prefixes = PrefixCache::new(max);
+    let filler = "x".repeat(MIN_SNAPSHOT_BYTES);
+    let head = r#"{"model":"m","messages":[{"role":"user","content":"session "#;
+    for n in 0..100_000u32 {
+        let body = format!(
+            r#"{head}{n} {filler}"}},{{"role":"assistant","content":"ok"}}],"stream":true}}"#
+        );
+        let (parsed, lease) = prefixes
+            .parse(1, Format::Chat, body.as_bytes(), 10)
+            .unwrap();
+        prefixes.keep(lease, parsed);
+    }
+    let held = prefixes.weighted_size();
+    assert!(held <= max, "{held} > {max}");
+    assert!(held >= max / 2, "the cache is used: {held}");
+    assert_eq!(prefixes.misses(), 100_000);
+}
