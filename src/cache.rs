@@ -10,7 +10,7 @@
 //! another conversation's messages.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use moka::sync::Cache;
