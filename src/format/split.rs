@@ -83,7 +83,12 @@ pub(crate) fn split_body_from<'a, R>(
 /// of `body`, found by a scan; `None` when the body is not an object whose
 /// first `field` key (as written, unescaped) has an array value.
 pub(crate) fn top_array<'a>(body: &'a str, field: &str) -> Option<TopArray<'a>> {
-    let bytes = body.as_bytes();
+    array_at(body, top_field_value(body.as_bytes(), field)?)
+}
+
+/// Where the value of the first top-level `field` (as written, unescaped)
+/// of the object `bytes` starts; `None` when there is none.
+fn top_field_value(bytes: &[u8], field: &str) -> Option<usize> {
     let mut at = skip_whitespace(bytes, 0);
     if bytes.get(at) != Some(&b'{') {
         return None;
@@ -100,7 +105,7 @@ pub(crate) fn top_array<'a>(body: &'a str, field: &str) -> Option<TopArray<'a>> 
         }
         at = skip_whitespace(bytes, at + 1);
         if key == field.as_bytes() {
-            return array_at(body, at);
+            return Some(at);
         }
         at = skip_value(bytes, at)?;
         at = skip_whitespace(bytes, at);
@@ -180,32 +185,7 @@ pub(crate) fn leading_elements<const N: usize>(bytes: &[u8], field: &str) -> Vec
 }
 
 fn leading(bytes: &[u8], field: &str, n: usize) -> Option<Vec<usize>> {
-    let mut at = skip_whitespace(bytes, 0);
-    if bytes.get(at) != Some(&b'{') {
-        return None;
-    }
-    at += 1;
-    loop {
-        at = skip_whitespace(bytes, at);
-        let key_start = at;
-        at = skip_string(bytes, at)?;
-        let key = &bytes[key_start + 1..at - 1];
-        at = skip_whitespace(bytes, at);
-        if bytes.get(at) != Some(&b':') {
-            return None;
-        }
-        at = skip_whitespace(bytes, at + 1);
-        if key == field.as_bytes() {
-            break;
-        }
-        at = skip_value(bytes, at)?;
-        at = skip_whitespace(bytes, at);
-        match bytes.get(at) {
-            Some(b',') => at += 1,
-            _ => return None,
-        }
-    }
-    let start = at;
+    let start = top_field_value(bytes, field)?;
     if bytes.get(start) != Some(&b'[') {
         return None;
     }

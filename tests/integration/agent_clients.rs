@@ -30,6 +30,28 @@ const AGENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/agents");
 const BIN: &str = env!("CARGO_BIN_EXE_compaction-proxy");
 const BINDING_BETA: &str = "thinking-binding-controls-2026-08-01";
 
+/// Runs the agent harness (`scripts/agents/run.py`) with `args`, the
+/// proxy binary and `work` as its directory; its figures. At the lowest CPU
+/// priority: the clients are heavy, and the suite's other tests (some
+/// timed) run beside it.
+pub(crate) fn run_harness(work: &Path, args: &[&str]) -> Value {
+    let out = work.join("figures.json");
+    let status = Command::new("nice")
+        .args(["-n", "19", "python3"])
+        .arg(format!("{AGENTS}/run.py"))
+        .args(args)
+        .arg("--proxy")
+        .arg(BIN)
+        .arg("--work")
+        .arg(work)
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .expect("python3 runs the harness");
+    assert!(status.success(), "the harness failed (logs in {work:?})");
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
 fn scratch(name: &str) -> PathBuf {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -355,24 +377,22 @@ fn agent_clients_run_through_the_shipped_defaults_valid_and_compacted() {
     }
     let clients = ["claude", "claude-sonnet", "codex", "opencode"];
     let work = scratch("agents");
-    let out = work.join("figures.json");
-    // At the lowest CPU priority: the clients are heavy, and the suite's
-    // other tests (some timed) run beside this one.
-    let status = Command::new("nice")
-        .args(["-n", "19", "python3"])
-        .arg(format!("{AGENTS}/run.py"))
-        .args(["--clients", &clients.join(","), "--modes", "none,defaults"])
-        .args(["--turns", "40", "--budget", "60000", "--timeout", "300"])
-        .arg("--proxy")
-        .arg(BIN)
-        .arg("--work")
-        .arg(&work)
-        .arg("--json")
-        .arg(&out)
-        .status()
-        .expect("python3 runs the harness");
-    assert!(status.success(), "the harness failed (logs in {work:?})");
-    let figures: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let clients_arg = clients.join(",");
+    let figures = run_harness(
+        &work,
+        &[
+            "--clients",
+            &clients_arg,
+            "--modes",
+            "none,defaults",
+            "--turns",
+            "40",
+            "--budget",
+            "60000",
+            "--timeout",
+            "300",
+        ],
+    );
     let results = figures["results"].as_array().unwrap();
     for client in clients {
         let none = row(results, client, "none");

@@ -14,12 +14,10 @@
 //! `skipped`, and with `REQUIRE_AGENT_CLIENTS=1` it fails instead.
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::Value;
 
 const AGENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/agents");
-const BIN: &str = env!("CARGO_BIN_EXE_compaction-proxy");
 
 fn claude_installed() -> bool {
     if Path::new(AGENTS).join("node_modules/.bin/claude").exists() {
@@ -62,22 +60,23 @@ fn harness(modes: &str, recall: &str) -> Value {
             .unwrap()
             .as_nanos()
     ));
-    let out = work.join("figures.json");
-    let status = Command::new("nice")
-        .args(["-n", "19", "python3"])
-        .arg(format!("{AGENTS}/run.py"))
-        .args(["--clients", "claude", "--modes", modes, "--recall", recall])
-        .args(["--turns", "8", "--budget", "20000", "--timeout", "120"])
-        .arg("--proxy")
-        .arg(BIN)
-        .arg("--work")
-        .arg(&work)
-        .arg("--json")
-        .arg(&out)
-        .status()
-        .expect("python3 runs the harness");
-    assert!(status.success(), "the harness failed (logs in {work:?})");
-    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+    crate::agent_clients::run_harness(
+        &work,
+        &[
+            "--clients",
+            "claude",
+            "--modes",
+            modes,
+            "--recall",
+            recall,
+            "--turns",
+            "8",
+            "--budget",
+            "20000",
+            "--timeout",
+            "120",
+        ],
+    )
 }
 
 /// After a recall the session goes on: the turn the proxy answered after

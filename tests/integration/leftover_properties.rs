@@ -17,7 +17,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-fn config() -> ProptestConfig {
+pub(crate) fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())

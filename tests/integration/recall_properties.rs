@@ -19,19 +19,9 @@ use compaction_proxy::proxy::compact::outcome_of;
 use proptest::prelude::*;
 use serde_json::Value;
 
-use crate::leftover_properties::{anthropic, chat, no_empty, responses, rounds, specs, Spec};
-
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(192);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+use crate::leftover_properties::{
+    anthropic, chat, config, no_empty, responses, rounds, specs, Spec,
+};
 
 fn text_of(content: &Value) -> String {
     match content {
