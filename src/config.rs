@@ -201,8 +201,7 @@ impl Default for CacheConfig {
             checkpoint_max_bytes: 16 * 1024 * 1024,
             relevance_max_bytes: 32 * 1024 * 1024,
             word_lists_max_bytes: 32 * 1024 * 1024,
-            // Off until the whole suite has passed with it on (issue 29).
-            prefix_max_bytes: 0,
+            prefix_max_bytes: 64 * 1024 * 1024,
         }
     }
 }

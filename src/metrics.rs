@@ -118,6 +118,8 @@ pub struct Metrics {
     recall: RecallCounters,
     tool_decisions: IntCounterVec,
     tool_decision_fallbacks: IntCounterVec,
+    /// The prefix cache's resumed parses and misses ([`Self::count_prefix_cache`]).
+    prefix_cache: Mutex<[IntCounter; 2]>,
     /// Tasks alive on [`Self::runtimes`], read at each scrape: what a soak
     /// watches for connections that are never let go.
     tasks: IntGauge,
@@ -264,7 +266,7 @@ impl Series {
 /// The metric families this proxy exports (without the `_bucket`, `_sum`,
 /// `_count` series of histograms). The `process_*` families of the
 /// Prometheus process collector (RSS, open fds, CPU) come on top.
-pub const FAMILIES: [&str; 31] = [
+pub const FAMILIES: [&str; 33] = [
     "compaction_proxy_requests_total",
     "compaction_proxy_input_chars_total",
     "compaction_proxy_output_chars_total",
@@ -296,6 +298,8 @@ pub const FAMILIES: [&str; 31] = [
     "compaction_proxy_billed_cost_total",
     "compaction_proxy_estimated_saved_cost_total",
     "compaction_proxy_estimated_extra_cost_total",
+    "compaction_proxy_prefix_cache_hits_total",
+    "compaction_proxy_prefix_cache_misses_total",
 ];
 
 /// The labels of the billing metrics: the loss labels and the model family.
@@ -394,6 +398,24 @@ impl Metrics {
         registry
             .register(Box::new(tasks.clone()))
             .expect("unique metric");
+        // Unlabelled: one prefix cache serves every policy and route.
+        let prefix_cache = [
+            (
+                "compaction_proxy_prefix_cache_hits_total",
+                "Parses of large bodies resumed from an earlier turn's parse (only what the turn appended was read).",
+            ),
+            (
+                "compaction_proxy_prefix_cache_misses_total",
+                "Parses of large bodies (32 KiB and up) that found no earlier turn to resume from and read the whole body.",
+            ),
+        ]
+        .map(|(name, help)| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        });
         let summarizer_tokens = counter(
             "summarizer_tokens_total",
             "Tokens the summarizers' providers reported, by policy, summarizer and kind (prompt or completion).",
@@ -600,6 +622,7 @@ impl Metrics {
                 LOSS_LABELS,
             ),
             config_reloads,
+            prefix_cache: Mutex::new(prefix_cache),
             tasks,
             runtimes: Mutex::default(),
             series: RwLock::new(FxHashMap::default()),
@@ -613,6 +636,16 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(runtime);
+    }
+
+    /// Brings the prefix cache's counters up to its own totals (`hits`,
+    /// `misses`, which only grow), read before a scrape: the cache counts
+    /// with atomics on the hot path, the exposition follows.
+    pub fn count_prefix_cache(&self, hits: u64, misses: u64) {
+        let counters = self.prefix_cache.lock().unwrap_or_else(|e| e.into_inner());
+        for (counter, total) in counters.iter().zip([hits, misses]) {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     /// The Prometheus text exposition.

@@ -33,6 +33,8 @@ pub struct Handles<'a> {
     pub limits: CollectLimits,
     /// The inspector's settings in force and its recent requests.
     pub inspector: crate::inspector::Handles<'a>,
+    /// The prefix cache, whose counters a scrape reads.
+    pub prefixes: &'a crate::cache::PrefixCache,
 }
 
 pub const HEALTHZ: &str = "/healthz";
@@ -108,6 +110,9 @@ pub async fn handle(
         READYZ if state.ready => text(StatusCode::OK, "ready\n"),
         READYZ => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
         METRICS => {
+            state
+                .metrics
+                .count_prefix_cache(state.prefixes.hits(), state.prefixes.misses());
             let mut r = text(StatusCode::OK, state.metrics.render());
             r.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -162,6 +162,7 @@ impl AppState {
                 settings: runtime.inspector.clone(),
                 requests: &self.inspector,
             },
+            prefixes: &self.prefixes,
         }
     }
 

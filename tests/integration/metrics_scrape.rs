@@ -919,3 +919,41 @@ async fn the_dashboard_references_only_exported_families() {
         }
     }
 }
+
+/// With the shipped defaults the prefix cache is on, and its counters say
+/// what it did: the first large turn of a conversation parses whole (a
+/// miss), the next, which appends to it, resumes (a hit); a small body is
+/// neither.
+#[tokio::test]
+async fn the_prefix_cache_counts_its_hits_and_misses_with_the_shipped_defaults() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start("", &upstream.url()).await;
+    let url = proxy.url(ROUTE);
+    let counts = |exp: &Exposition| {
+        (
+            exp.get("compaction_proxy_prefix_cache_hits_total", &[]),
+            exp.get("compaction_proxy_prefix_cache_misses_total", &[]),
+        )
+    };
+    assert_eq!(counts(&scrape(&proxy).await.1), (Some(0.0), Some(0.0)));
+    send(request(&url, None, big_chat())).await;
+    assert_eq!(
+        counts(&scrape(&proxy).await.1),
+        (Some(0.0), Some(0.0)),
+        "small: not counted"
+    );
+    // Over the 32 KiB a parse is kept from.
+    let mut messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": words("alpha", 8000)}),
+    ];
+    for turn in 0..2 {
+        messages.push(json!({"role": "assistant", "content": words("bravo", 20 + turn)}));
+        messages.push(json!({"role": "user", "content": words("charlie", 20 + turn)}));
+        let body = json!({"model": "m", "messages": messages}).to_string();
+        assert!(body.len() > 32 * 1024);
+        let answer = send(request(&url, None, body)).await;
+        assert_eq!(answer.status, 200);
+    }
+    assert_eq!(counts(&scrape(&proxy).await.1), (Some(1.0), Some(1.0)));
+}
