@@ -107,6 +107,20 @@ impl CompactionCache {
         entries.insert(key.0, Arc::new(Entry { input, outcome }));
     }
 
+    /// [`Self::insert`], keeping `shared` (a copy of `input`'s bytes made
+    /// for another store too) rather than a copy of its own.
+    pub fn insert_shared(&self, key: CacheKey, shared: &Bytes, outcome: Arc<Outcome>) {
+        let Some(entries) = &self.entries else { return };
+        if outcome.rewritten.is_none() {
+            let slot = &self.seen_once[key.0 as usize % SEEN_ONCE_SLOTS];
+            if slot.swap(key.0, Ordering::Relaxed) != key.0 {
+                return;
+            }
+        }
+        let input = shared.clone();
+        entries.insert(key.0, Arc::new(Entry { input, outcome }));
+    }
+
     pub fn clear(&self) {
         if let Some(entries) = &self.entries {
             entries.invalidate_all();
@@ -231,6 +245,12 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// Whether [`PrefixCache::keep`] may keep a snapshot of this parse
+    /// (and so a copy of its body's bytes).
+    pub fn may_keep(&self) -> bool {
+        self.slot.is_some() && self.state.is_some()
+    }
+
     fn none() -> Self {
         Lease {
             slot: None,
@@ -387,10 +407,17 @@ impl PrefixCache {
     /// Keeps what parsing a body gave, for the next turn to resume from:
     /// it replaces the slot's snapshots that it extends.
     pub fn keep(&self, lease: Lease, parsed: Parsed<'_>) {
+        self.keep_sharing(lease, parsed, None)
+    }
+
+    /// [`Self::keep`], the snapshot's bytes a slice of `body` (a copy of
+    /// the parsed body's bytes, shared with the compaction cache) when
+    /// given.
+    pub fn keep_sharing(&self, lease: Lease, parsed: Parsed<'_>, body: Option<&Bytes>) {
         let (Some(slots), Some(slot), Some(state)) = (&self.slots, lease.slot, lease.state) else {
             return;
         };
-        let Some(snapshot) = Snapshot::of(parsed, state) else {
+        let Some(snapshot) = Snapshot::of(parsed, state, body) else {
             return;
         };
         let mut snapshots = slots

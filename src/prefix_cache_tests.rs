@@ -16,7 +16,7 @@ fn policy(mode: Mode) -> CompiledPolicy {
     engine.max_message_chars = 4000;
     let mut p = CompiledPolicy::plain("prefix", engine);
     p.mode = mode;
-    p.pin_first_user = true;
+    p.pin_first_user = false;
     p
 }
 
@@ -48,12 +48,20 @@ fn turn_items(format: Format, t: usize, size: usize) -> Vec<Value> {
                    "function": {"name": "read", "arguments": "{\"p\":1}"}}]}),
             json!({"role": "tool", "tool_call_id": id, "content": out}),
         ],
-        Format::Anthropic => vec![
-            json!({"role": "assistant", "content": [{"type": "text", "text": "ok"},
-                   {"type": "tool_use", "id": id, "name": "read", "input": {"p": 1}}]}),
-            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id,
-                   "content": out}]}),
-        ],
+        Format::Anthropic => {
+            let mut result = json!({"type": "tool_result", "tool_use_id": id, "content": out});
+            // A client's cache breakpoint now and then: where its item goes,
+            // the marker moves to another (the splice of what the previous
+            // turn forwarded is not reused then).
+            if t % 3 == 0 {
+                result["cache_control"] = json!({"type": "ephemeral"});
+            }
+            vec![
+                json!({"role": "assistant", "content": [{"type": "text", "text": "ok"},
+                       {"type": "tool_use", "id": id, "name": "read", "input": {"p": 1}}]}),
+                json!({"role": "user", "content": [result]}),
+            ]
+        }
         Format::Responses => vec![
             json!({"type": "function_call", "call_id": id, "name": "read", "arguments": "{\"p\":1}"}),
             json!({"type": "function_call_output", "call_id": id, "output": out}),
@@ -227,7 +235,7 @@ proptest! {
         format in prop_oneof![Just(Format::Chat), Just(Format::Anthropic), Just(Format::Responses)],
         stable in any::<bool>(),
         collide in any::<bool>(),
-        edits in proptest::collection::vec((edit(), any::<bool>()), 1..10),
+        edits in proptest::collection::vec((edit(), any::<bool>()), 1..14),
     ) {
         let policy = policy(if stable { Mode::Stable } else { Mode::Exact });
         let prefixes = if collide {
@@ -310,7 +318,7 @@ fn a_snapshot_weighs_at_least_what_it_holds() {
     let body = session.apply(Format::Chat, &Edit::Append(20_000));
     let (parsed, state) = Format::Chat.parse_resumable(&body, 100).unwrap();
     let texts: usize = parsed.conversation.items.iter().map(|m| m.text.len()).sum();
-    let snapshot = Snapshot::of(parsed, state.unwrap()).unwrap();
+    let snapshot = Snapshot::of(parsed, state.unwrap(), None).unwrap();
     // The prefix, the items' texts and the escaped texts' decoded copies.
     assert!(
         snapshot.weight() >= snapshot.prefix().len() + 2 * texts,
@@ -342,4 +350,43 @@ fn memory_stays_bounded_with_100000_sessions() {
     assert!(held <= max, "{held} > {max}");
     assert!(held >= max / 2, "the cache is used: {held}");
     assert_eq!(prefixes.misses(), 100_000);
+}
+
+/// A splice that reuses the previous turn's output moves a dropped item's
+/// cache breakpoint as the whole splice does (by not reusing it then).
+#[test]
+fn a_reused_splice_moves_a_dropped_items_marker_as_the_whole_splice_does() {
+    use crate::format::{Plan, Planned};
+    let format = Format::Anthropic;
+    let mut session = Session::new(format, "t");
+    let first = session.apply(format, &Edit::Append(300));
+    // Turn 3's result carries a marker (every third turn's does).
+    let second = [Edit::Append(300), Edit::Append(300)]
+        .iter()
+        .map(|e| session.apply(format, e))
+        .last()
+        .unwrap();
+    let prefixes = PrefixCache::new(64 << 20);
+    let (parsed, lease) = prefixes.parse(1, format, &first, 100).unwrap();
+    // The first item cut short: the body is rewritten.
+    let mut head = Planned::verbatim(0);
+    head.text = Some("t".into());
+    let plan = |n: usize, drop: Option<usize>| Plan {
+        items: std::iter::once(head.clone())
+            .chain((1..n).filter(|&i| Some(i) != drop).map(Planned::verbatim))
+            .collect(),
+    };
+    let out = bytes::Bytes::from(parsed.splice(&plan(parsed.len(), None)));
+    let kept = parsed.len();
+    parsed.keep_splice(plan(kept, None), &out);
+    prefixes.keep(lease, parsed);
+    let (resumed, _) = prefixes.parse(1, format, &second, 100).unwrap();
+    assert_eq!(prefixes.hits(), 1);
+    let n = resumed.len();
+    let marked = n - 1;
+    assert!(String::from_utf8_lossy(resumed.item_bytes(marked)).contains("cache_control"));
+    let whole = format.parse(&second, 100).unwrap();
+    for plan in [plan(n, None), plan(n, Some(marked))] {
+        assert_eq!(resumed.splice(&plan), whole.splice(&plan));
+    }
 }

@@ -181,11 +181,15 @@ impl AgentEdits {
 
     /// Chars the dedupe and prune passes removed from item `i`'s text.
     pub fn text_saving(&self, conversation: &Conversation, i: usize) -> (usize, usize) {
+        self.text_saving_of(char_count(&conversation.items[i].text), i)
+    }
+
+    /// [`Self::text_saving`], given the chars of item `i`'s text.
+    pub fn text_saving_of(&self, text_chars: usize, i: usize) -> (usize, usize) {
         match self.texts.get(&i) {
             None => (0, 0),
             Some(edit) => {
-                let saved =
-                    char_count(&conversation.items[i].text).saturating_sub(char_count(edit.text()));
+                let saved = text_chars.saturating_sub(char_count(edit.text()));
                 match edit {
                     TextEdit::Pruned(_) => (saved, 0),
                     TextEdit::Deduped { .. } => (0, saved),
@@ -223,10 +227,16 @@ pub fn head_and_tail(text: &str, keep: usize) -> Option<String> {
     if keep + char_count(&marker) + 2 >= chars {
         return None;
     }
-    let tail_start = text
-        .char_indices()
-        .nth(chars - tail)
-        .map_or(text.len(), |(at, _)| at);
+    // Counted from the end: the tail is short, the text may not be.
+    let tail_start = match tail {
+        0 => text.len(),
+        _ if chars == text.len() => text.len() - tail,
+        _ => text
+            .char_indices()
+            .rev()
+            .nth(tail - 1)
+            .map_or(0, |(at, _)| at),
+    };
     Some(format!(
         "{}\n{marker}\n{}",
         char_prefix(text, head),
@@ -912,6 +922,14 @@ pub(super) mod tests {
         let wide = "é".repeat(500);
         let cut = head_and_tail(&wide, 20).unwrap();
         assert!(cut.starts_with(&"é".repeat(10)) && cut.ends_with(&"é".repeat(10)));
+        // A tail of other chars than the head's: counted from the end.
+        let mixed = format!("{}{}", "é".repeat(300), "ab".repeat(150));
+        let cut = head_and_tail(&mixed, 21).unwrap();
+        assert!(cut.starts_with(&"é".repeat(10)), "{cut}");
+        assert!(
+            cut.ends_with(&format!("\n{}", "ba".repeat(5) + "b")),
+            "{cut}"
+        );
     }
 
     #[test]

@@ -191,7 +191,7 @@ pub fn compact_decided(
 ) -> Compacted {
     let conversation = &parsed.conversation;
     let budget = policy.engine.budget_chars;
-    let total = conversation.total_chars();
+    let total = parsed.total_chars();
     let needs_tokens = policy.budget_tokens.is_some()
         || policy.agent.trigger_tokens > 0
         || policy.auto_budget.is_some();
@@ -286,7 +286,7 @@ pub fn compact_decided(
     let loss = match &plan {
         Some(plan) => LossSummary {
             deduped_messages: deduped,
-            ..loss_with_passes(conversation, plan, budget, &edits)
+            ..loss_counted(conversation, parsed.text_chars(), plan, budget, &edits)
         },
         None => LossSummary::unchanged_within(total, conversation.items.len(), budget),
     };
@@ -552,21 +552,39 @@ pub fn loss_with_passes(
     budget: usize,
     edits: &agent::AgentEdits,
 ) -> LossSummary {
+    let text_chars: Vec<usize> = conversation
+        .items
+        .iter()
+        .map(|m| engine::text::char_count(&m.text))
+        .collect();
+    loss_counted(conversation, &text_chars, plan, budget, edits)
+}
+
+/// [`loss_with_passes`], given the chars of each item's text.
+fn loss_counted(
+    conversation: &Conversation,
+    text_chars: &[usize],
+    plan: &Plan,
+    budget: usize,
+    edits: &agent::AgentEdits,
+) -> LossSummary {
     use engine::text::char_count;
-    let input_chars = conversation.total_chars();
+    let item_chars = |i: usize| text_chars[i] + conversation.items[i].fixed_chars;
+    let input_chars =
+        conversation.outside_chars + (0..conversation.items.len()).map(item_chars).sum::<usize>();
     let mut output_chars = conversation.outside_chars;
     let mut trimmed = 0;
     let mut stripped_thinking = 0;
     let (mut pruned, mut deduped, mut clipped) = (0, 0, 0);
     for p in &plan.items {
         let item = &conversation.items[p.index];
-        let mut chars = item.chars();
+        let mut chars = item_chars(p.index);
         if p.thinking == Reasoning::Stripped {
             chars -= item.thinking.unwrap_or(0);
             stripped_thinking += 1;
         }
         if let Some(text) = &p.text {
-            chars = chars - char_count(&item.text) + char_count(text);
+            chars = chars - text_chars[p.index] + char_count(text);
             let by_pass = edits.texts.get(&p.index).map(|e| e.text());
             if by_pass != Some(text.as_str()) {
                 trimmed += 1;
@@ -577,7 +595,7 @@ pub fn loss_with_passes(
                 chars = chars - char_count(&old.arguments) + char_count(args);
             }
         }
-        let (p_chars, d_chars) = edits.text_saving(conversation, p.index);
+        let (p_chars, d_chars) = edits.text_saving_of(text_chars[p.index], p.index);
         pruned += p_chars;
         deduped += d_chars;
         clipped += edits.clip_saving(conversation, p.index);

@@ -199,17 +199,19 @@ pub fn replay(
         hasher.update(&(budget.chars as u64).to_le_bytes());
         hasher.update(budget.encoding.as_str().as_bytes());
     }
-    let mut keys = Vec::with_capacity(units.len());
-    let mut start = 0;
-    for &end in &units {
-        for i in start..end {
-            let raw = parsed.item_bytes(i);
-            hasher.update(&(raw.len() as u64).to_le_bytes());
-            hasher.update(raw);
-        }
-        keys.push(hasher.digest128());
-        start = end;
-    }
+    // The items' bytes come in through their chained hash, which a parse
+    // resumed from the previous turn's carries for the items it shares.
+    let seed = hasher.digest128().to_le_bytes();
+    let chain = parsed.item_chain();
+    let keys: Vec<u128> = units
+        .iter()
+        .map(|&end| {
+            let mut key = [0u8; 32];
+            key[..16].copy_from_slice(&seed);
+            key[16..].copy_from_slice(&chain[end - 1].to_le_bytes());
+            xxhash_rust::xxh3::xxh3_128(&key)
+        })
+        .collect();
 
     let mut replay = Replay::new(parsed, policy, tokens);
     // Resume from the latest unit end an earlier request stopped at.
@@ -237,7 +239,7 @@ pub fn replay(
         state.entries = (0..conversation.items.len())
             .map(|i| Entry {
                 index: i as u32,
-                kept: char_count(&conversation.items[i].text) as u32,
+                kept: replay.text_chars[i] as u32,
                 ..Entry::default()
             })
             .collect();
@@ -332,7 +334,10 @@ pub fn replay(
                 let index = e.index as usize;
                 let item = &conversation.items[index];
                 let edited = replay.text_of(e);
-                let full = char_count(&edited) as u32;
+                let full = match e.edit {
+                    Edit::None => replay.text_chars[index],
+                    _ => char_count(&edited),
+                } as u32;
                 match e.edit {
                     Edit::None | Edit::Excerpt(_) => {}
                     Edit::Pruned | Edit::Capped(_) | Edit::PrunedAround(_) => {
@@ -492,6 +497,8 @@ struct Replay<'a> {
     tokens: Option<(Encoding, usize)>,
     /// The frozen texts of the state being replayed ([`ReplayState::texts`]).
     texts: std::cell::RefCell<Vec<Arc<str>>>,
+    /// Chars of each item's text ([`Parsed::text_chars`]).
+    text_chars: &'a [usize],
 }
 
 /// A re-compaction frees room for this many units like the recent ones.
@@ -537,6 +544,7 @@ impl<'a> Replay<'a> {
                 as usize,
             tokens,
             texts: Default::default(),
+            text_chars: parsed.text_chars(),
         }
     }
 
@@ -544,7 +552,7 @@ impl<'a> Replay<'a> {
     fn protected_chars(&self, range: std::ops::Range<usize>) -> usize {
         range
             .filter(|&i| self.protected[i])
-            .map(|i| self.conversation.items[i].chars())
+            .map(|i| self.item_chars(i))
             .sum()
     }
 
@@ -574,8 +582,21 @@ impl<'a> Replay<'a> {
     fn whole(&self, i: usize) -> Entry {
         Entry {
             index: i as u32,
-            kept: char_count(&self.conversation.items[i].text) as u32,
+            kept: self.text_chars[i] as u32,
             ..Entry::default()
+        }
+    }
+
+    /// Chars of item `i`, its text and its fixed chars.
+    fn item_chars(&self, i: usize) -> usize {
+        self.text_chars[i] + self.conversation.items[i].fixed_chars
+    }
+
+    /// Chars of an entry's whole text after its agent edit.
+    fn full_chars(&self, e: &Entry) -> usize {
+        match e.edit {
+            Edit::None => self.text_chars[e.index as usize],
+            _ => char_count(&self.text_of(e)),
         }
     }
 
@@ -583,7 +604,6 @@ impl<'a> Replay<'a> {
     /// or a prunable tool result above [`Self::arrival_cap`] cut to it
     /// (head + marker + tail), a pure function of the prefix.
     fn arrival(&self, i: usize, protected_chars: usize) -> Entry {
-        let text = &self.conversation.items[i].text;
         let mut entry = self.whole(i);
         let cap = self.arrival_cap(protected_chars);
         if cap > 0
@@ -592,7 +612,7 @@ impl<'a> Replay<'a> {
             && !self.excluded[i]
             && entry.kept as usize > cap
         {
-            if let Some(cut) = agent::head_and_tail(text, cap) {
+            if let Cow::Owned(cut) = self.cut(i as u32, cap) {
                 entry.edit = Edit::Capped(cap as u32);
                 entry.kept = char_count(&cut) as u32;
             }
@@ -652,11 +672,8 @@ impl<'a> Replay<'a> {
         let text = &self.conversation.items[e.index as usize].text;
         match e.edit {
             Edit::None => Cow::Borrowed(text),
-            Edit::Pruned => agent::head_and_tail(text, self.policy.agent.max_tool_result_chars)
-                .map_or(Cow::Borrowed(text), Cow::Owned),
-            Edit::Capped(keep) => {
-                agent::head_and_tail(text, keep as usize).map_or(Cow::Borrowed(text), Cow::Owned)
-            }
+            Edit::Pruned => self.cut(e.index, self.policy.agent.max_tool_result_chars),
+            Edit::Capped(keep) => self.cut(e.index, keep as usize),
             Edit::Deduped(of) => Cow::Owned(agent::duplicate_marker(
                 self.conversation.items[of as usize]
                     .answers
@@ -669,6 +686,20 @@ impl<'a> Replay<'a> {
                 .get(k as usize)
                 .map_or(Cow::Borrowed(text), |t| Cow::Owned(t.to_string())),
         }
+    }
+
+    /// Item `index`'s text cut to `keep` chars, head and tail (made once
+    /// across turns: [`Parsed::cut_of`]); the text itself when that is
+    /// not shorter.
+    fn cut(&self, index: u32, keep: usize) -> Cow<'a, str> {
+        let text = &self.conversation.items[index as usize].text;
+        let cut = match u32::try_from(keep) {
+            Ok(what) => self.parsed.cut_of(index as usize, what, |text| {
+                agent::head_and_tail(text, keep).map(Arc::from)
+            }),
+            Err(_) => agent::head_and_tail(text, keep).map(Arc::from),
+        };
+        cut.map_or(Cow::Borrowed(text), |cut| Cow::Owned(cut.to_string()))
     }
 
     /// An entry's clipped arguments, by call position.
@@ -726,8 +757,7 @@ impl<'a> Replay<'a> {
                             .is_some_and(|t| e.kept as usize <= char_count(t)),
                         _ => true,
                     }
-                    && (e.edit.frozen().is_some()
-                        || e.kept as usize <= char_count(&self.text_of(e)))
+                    && (e.edit.frozen().is_some() || e.kept as usize <= self.full_chars(e))
             })
     }
 
@@ -992,7 +1022,7 @@ impl<'a> Replay<'a> {
                     || self.protected[e.index as usize]
                     || !matches!(e.edit, Edit::None | Edit::Capped(_))
                     || e.clipped != 0
-                    || e.kept as usize != char_count(&self.text_of(e))
+                    || e.kept as usize != self.full_chars(e)
             })
             .collect();
         // Relevance to the form's latest request, like the engine's below.

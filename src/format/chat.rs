@@ -251,6 +251,7 @@ fn read_messages_from<'a>(
         body,
         array_span,
         wire,
+        carried: Default::default(),
     };
     Ok((parsed, state))
 }

@@ -351,6 +351,9 @@ pub struct Parsed<'a> {
     /// The compacted array's bytes in the body.
     array_span: Range<usize>,
     wire: Vec<WireItem<'a>>,
+    /// What an earlier turn computed over the same leading items, and
+    /// what this one computes for the next ([`resume::Carried`]).
+    carried: resume::Carried,
 }
 
 impl Parsed<'_> {
@@ -360,10 +363,6 @@ impl Parsed<'_> {
 
     pub fn is_empty(&self) -> bool {
         self.conversation.items.is_empty()
-    }
-
-    pub fn total_chars(&self) -> usize {
-        self.conversation.total_chars()
     }
 
     /// The request's top-level `model`, if it names one.

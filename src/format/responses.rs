@@ -121,6 +121,7 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
             body,
             array_span: span(body, raw.get()),
             wire: Vec::new(),
+            carried: Default::default(),
         });
     }
     let items = array_field(input)?.ok_or(Skip::NoMessages)?;
@@ -343,6 +344,7 @@ fn read_items_from<'a>(
         body,
         array_span,
         wire,
+        carried: Default::default(),
     };
     Ok((parsed, state))
 }

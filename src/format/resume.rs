@@ -16,16 +16,252 @@
 //! no Responses reasoning left waiting), so that its items are what the
 //! loop left.
 //!
+//! A snapshot carries too what the previous turn computed over its items
+//! that depends on those items alone ([`Carried`]: their char counts, their
+//! chained hash, tool results cut to head and tail, the splice it wrote),
+//! so that a turn that appends computes these for what it appends.
+//!
 //! Pure: no I/O, no cache (the cache is [`crate::cache::PrefixCache`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 
 use super::splice::{ArgumentsForm, ElementRef, Marker, TextSpan, WireItem};
-use super::{Format, Item, Parsed, Skip};
+use super::{Format, Item, Parsed, Planned, Skip};
+
+/// A value per item of a parse, computed on first use for the items after
+/// those a previous turn computed it for (`seed`).
+#[derive(Default)]
+struct PerItem<T> {
+    seed: Mutex<Vec<T>>,
+    all: OnceLock<Vec<T>>,
+}
+
+impl<T> PerItem<T> {
+    fn seeded(seed: Vec<T>) -> Self {
+        PerItem {
+            seed: Mutex::new(seed),
+            all: OnceLock::new(),
+        }
+    }
+
+    /// The values of the first `n` items, `next` computing each one not
+    /// known yet from those before it.
+    fn get(&self, n: usize, mut next: impl FnMut(&[T], usize) -> T) -> &[T] {
+        self.all.get_or_init(|| {
+            let mut seed = self.seed.lock().unwrap_or_else(|e| e.into_inner());
+            let mut values = std::mem::take(&mut *seed);
+            values.truncate(n);
+            values.reserve(n - values.len());
+            for i in values.len()..n {
+                let value = next(&values, i);
+                values.push(value);
+            }
+            values
+        })
+    }
+
+    /// What is known, for the next turn.
+    fn into_known(self) -> Vec<T> {
+        match self.all.into_inner() {
+            Some(all) => all,
+            None => self.seed.into_inner().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    fn weight(values: &[T]) -> usize {
+        std::mem::size_of_val(values)
+    }
+}
+
+/// A splice's output and the plan it wrote, for the next turn's splice to
+/// reuse where its plan begins with the same items.
+#[derive(Debug, Clone)]
+pub(crate) struct Spliced {
+    /// The plan's items.
+    pub items: Vec<Planned>,
+    /// The forwarded body: the splice's output.
+    pub out: Bytes,
+    /// Where in `out` the plan's last item ends.
+    pub items_end: usize,
+}
+
+/// What a splice that can be reused said of its output: its length and
+/// where its last item ends (see [`Parsed::keep_splice`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SpliceMade {
+    pub len: usize,
+    pub items_end: usize,
+}
+
+/// Texts cut from one item's text, by item and what cut them (`None`:
+/// nothing shorter).
+type Cuts = HashMap<(u32, u32), Option<Arc<str>>>;
+
+/// What work over a parse's items computed from those items alone, kept
+/// across turns with its [`Snapshot`]: the next body holds the same items
+/// at the same places, byte for byte, read from the same state.
+#[derive(Default)]
+pub(crate) struct Carried {
+    /// Chars of each item's text.
+    chars: PerItem<usize>,
+    /// A 128-bit hash of each item's bytes chained with those before it.
+    chain: PerItem<u128>,
+    /// Texts made of one item's text alone (a tool result cut to head and
+    /// tail), by item and what made them.
+    cuts: Mutex<Cuts>,
+    /// The previous turn's splice.
+    pub(crate) spliced: Option<Spliced>,
+    /// The last splice of this parse that can be reused.
+    pub(crate) made: Mutex<Option<SpliceMade>>,
+    /// This parse's splice, kept for the next turn.
+    kept: Mutex<Option<Spliced>>,
+}
+
+impl std::fmt::Debug for Carried {
+    // Not part of what a parse is: a whole parse and a resumed one print
+    // alike.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Carried")
+    }
+}
+
+/// [`Carried`] as a snapshot holds it.
+#[derive(Debug, Clone, Default)]
+struct CarriedState {
+    chars: Vec<usize>,
+    chain: Vec<u128>,
+    cuts: Cuts,
+    spliced: Option<Spliced>,
+}
+
+impl Carried {
+    fn into_state(self) -> CarriedState {
+        CarriedState {
+            chars: self.chars.into_known(),
+            chain: self.chain.into_known(),
+            cuts: self.cuts.into_inner().unwrap_or_else(|e| e.into_inner()),
+            spliced: self.kept.into_inner().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    fn of(state: CarriedState) -> Self {
+        Carried {
+            chars: PerItem::seeded(state.chars),
+            chain: PerItem::seeded(state.chain),
+            cuts: Mutex::new(state.cuts),
+            spliced: state.spliced,
+            made: Mutex::new(None),
+            kept: Mutex::new(None),
+        }
+    }
+}
+
+impl CarriedState {
+    fn weight(&self) -> usize {
+        PerItem::weight(&self.chars)
+            + PerItem::weight(&self.chain)
+            + self
+                .cuts
+                .values()
+                .map(|t| 48 + t.as_ref().map_or(0, |t| t.len()))
+                .sum::<usize>()
+            + self.spliced.as_ref().map_or(0, |s| {
+                // The forwarded body is shared with the compaction cache's
+                // outcome, but may outlive it: counted here too.
+                s.out.len()
+                    + s.items
+                        .iter()
+                        .map(|p| {
+                            std::mem::size_of::<Planned>()
+                                + p.text.as_ref().map_or(0, String::capacity)
+                                + p.arguments
+                                    .iter()
+                                    .map(|(_, a)| 32 + a.capacity())
+                                    .sum::<usize>()
+                        })
+                        .sum::<usize>()
+            })
+    }
+}
+
+impl Parsed<'_> {
+    /// Chars of each item's text.
+    pub fn text_chars(&self) -> &[usize] {
+        let items = &self.conversation.items;
+        self.carried.chars.get(items.len(), |_, i| {
+            crate::engine::text::char_count(&items[i].text)
+        })
+    }
+
+    /// Chars of everything that counts toward the budget
+    /// ([`super::Conversation::total_chars`], from the counts kept).
+    pub fn total_chars(&self) -> usize {
+        let items = &self.conversation.items;
+        self.conversation.outside_chars
+            + self
+                .text_chars()
+                .iter()
+                .zip(items)
+                .map(|(chars, m)| chars + m.fixed_chars)
+                .sum::<usize>()
+    }
+
+    /// Per item, a 128-bit hash of its bytes and of every item's before
+    /// it: equal values, equal leading items.
+    pub fn item_chain(&self) -> &[u128] {
+        self.carried.chain.get(self.wire.len(), |before, i| {
+            let raw = self.item_bytes(i);
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            h.update(&before.last().copied().unwrap_or_default().to_le_bytes());
+            h.update(&(raw.len() as u64).to_le_bytes());
+            h.update(raw);
+            h.digest128()
+        })
+    }
+
+    /// A text made of item `index`'s text alone by `make` (what `what`
+    /// names: the same `what` must always make the same text of an item),
+    /// made once across turns.
+    pub fn cut_of(
+        &self,
+        index: usize,
+        what: u32,
+        make: impl FnOnce(&str) -> Option<Arc<str>>,
+    ) -> Option<Arc<str>> {
+        let key = (index as u32, what);
+        let mut cuts = self.carried.cuts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = cuts.get(&key) {
+            return found.clone();
+        }
+        let made = make(&self.conversation.items.get(index)?.text);
+        cuts.insert(key, made.clone());
+        made
+    }
+
+    /// Keeps the body forwarded for `plan` (its last splice, `out`, when
+    /// nothing changed it after), for the next turn's splice to reuse.
+    pub fn keep_splice(&self, plan: super::Plan, out: &Bytes) {
+        let made = self
+            .carried
+            .made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(made) = made.filter(|m| m.len == out.len()) else {
+            return;
+        };
+        *self.carried.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(Spliced {
+            items: plan.items,
+            out: out.clone(),
+            items_end: made.items_end,
+        });
+    }
+}
 
 /// A format's read loop state between two items.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -164,6 +400,7 @@ pub struct Snapshot {
     items: Vec<Item>,
     wire: Vec<OwnedWire>,
     state: ReadState,
+    carried: CarriedState,
 }
 
 /// Bodies shorter than this are parsed whole and never snapshotted: the
@@ -173,20 +410,31 @@ pub const MIN_SNAPSHOT_BYTES: usize = 32 * 1024;
 impl Snapshot {
     /// The snapshot of a parse (by move: nothing is copied but the
     /// prefix's bytes), `None` when the parse's after-passes may have
-    /// changed its items, or it holds no items.
-    pub(crate) fn of(parsed: Parsed<'_>, state: ReadState) -> Option<Snapshot> {
+    /// changed its items, or it holds no items. Its bytes are a slice of `body` when given: a copy of the parsed
+    /// body's bytes (the caller's word, checked in debug builds), shared
+    /// with another store.
+    pub(crate) fn of(
+        parsed: Parsed<'_>,
+        state: ReadState,
+        body: Option<&Bytes>,
+    ) -> Option<Snapshot> {
         let items = &parsed.conversation.items;
         let last = parsed.wire.last()?;
         if items.iter().any(|m| m.provider_compaction) || !state.reasoning.is_empty() {
             return None;
         }
         let end = last.span.end;
-        let prefix = Bytes::copy_from_slice(parsed.body.get(..end)?.as_bytes());
+        debug_assert!(body.map_or(true, |b| b.as_ref() == parsed.body.as_bytes()));
+        let prefix = match body.filter(|b| b.len() == parsed.body.len()) {
+            Some(shared) => shared.slice(..end),
+            None => Bytes::copy_from_slice(parsed.body.get(..end)?.as_bytes()),
+        };
         let body = parsed.body;
         Some(Snapshot {
             format: parsed.format,
             prefix,
             array_start: parsed.array_span.start,
+            carried: parsed.carried.into_state(),
             wire: parsed
                 .wire
                 .into_iter()
@@ -250,6 +498,7 @@ impl Snapshot {
             + self.wire.iter().map(OwnedWire::weight).sum::<usize>()
             + calls
             + self.state.reasoning.capacity() * size_of::<usize>()
+            + self.carried.weight()
     }
 }
 
@@ -300,11 +549,13 @@ impl Format {
             state: snapshot.state,
         };
         let resumed = Some((start, from));
-        match self {
+        let (mut parsed, state) = match self {
             Format::Chat => super::chat::parse_split_from(text, max_items, resumed),
             Format::Anthropic => super::anthropic::parse_split_from(text, max_items, resumed),
             Format::Responses => super::responses::parse_split_from(text, max_items, resumed),
-        }
+        }?;
+        parsed.carried = Carried::of(snapshot.carried);
+        Some((parsed, state))
     }
 }
 

@@ -302,6 +302,11 @@ impl Parsed<'_> {
     }
 
     fn splice_inserting_each(&self, plan: &Plan, inserts: &[(usize, &str)]) -> String {
+        if inserts.is_empty() {
+            if let Some(out) = self.splice_after_previous(plan) {
+                return out;
+            }
+        }
         let body = self.body;
         let mut written: Vec<Written> = Vec::with_capacity(plan.items.len());
         // Markers whose element goes away, with where that element sat.
@@ -317,22 +322,7 @@ impl Parsed<'_> {
                 continue;
             }
             let p = planned.next().expect("peeked");
-            let mut item = Written::new(index, wire);
-            if let Some(new) = &p.text {
-                item.set_text(wire, new, p.pieces.as_deref());
-            }
-            if p.thinking == super::Reasoning::Stripped {
-                item.strip_thinking(wire);
-            }
-            for (call, args) in &p.arguments {
-                if let Some(Some((span, form))) = wire.arguments.get(*call) {
-                    let value = match form {
-                        ArgumentsForm::Encoded => json_string(args),
-                        ArgumentsForm::Inline => args.clone(),
-                    };
-                    item.edits.replace(span.clone(), value);
-                }
-            }
+            let item = Written::of(index, wire, p);
             displaced.extend(
                 wire.markers
                     .iter()
@@ -341,6 +331,7 @@ impl Parsed<'_> {
             );
             written.push(item);
         }
+        let reusable = inserts.is_empty() && displaced.is_empty() && !written.is_empty();
         self.place_markers(&mut written, displaced);
 
         let mut out = String::with_capacity(body.len());
@@ -360,6 +351,7 @@ impl Parsed<'_> {
             let wire = &self.wire[item.index];
             item.finish(wire).apply(body, wire.span.clone(), &mut out);
         }
+        let items_end = out.len();
         let mut wrote = count > 0;
         for &(at, element) in inserts {
             if at >= count {
@@ -372,7 +364,68 @@ impl Parsed<'_> {
         }
         out.push(']');
         out.push_str(&body[self.array_span.end..]);
+        if reusable {
+            self.made_splice(out.len(), items_end);
+        }
         out
+    }
+
+    /// Notes that the last splice's output (`len` bytes, its last item
+    /// ending at `items_end`) can be reused by the next turn's.
+    fn made_splice(&self, len: usize, items_end: usize) {
+        *self.carried.made.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(super::resume::SpliceMade { len, items_end });
+    }
+
+    /// The splice of `plan` made from the previous turn's, when `plan`
+    /// begins with that one's items and no marker moves: those items' bytes
+    /// are what it wrote for them (the same bytes, the same edits), and
+    /// only the items after them are written. `None`: splice it whole.
+    fn splice_after_previous(&self, plan: &Plan) -> Option<String> {
+        let prev = self.carried.spliced.as_ref()?;
+        let k = prev.items.len();
+        let last = prev.items.last()?.index;
+        if plan.items.get(..k)? != prev.items.as_slice() {
+            return None;
+        }
+        let written_before = std::str::from_utf8(prev.out.get(..prev.items_end)?).ok()?;
+        let body = self.body;
+        let mut written = Vec::with_capacity(plan.items.len() - k);
+        let mut planned = plan.items[k..].iter().peekable();
+        for (index, wire) in self.wire.iter().enumerate().skip(last + 1) {
+            let kept = matches!(planned.peek(), Some(p) if p.index == index);
+            if !kept {
+                if !wire.markers.is_empty() {
+                    return None;
+                }
+                continue;
+            }
+            let item = Written::of(index, wire, planned.next().expect("peeked"));
+            if wire
+                .markers
+                .iter()
+                .any(|m| item.removed[m.element.array][m.element.index])
+            {
+                return None;
+            }
+            written.push(item);
+        }
+        if planned.next().is_some() {
+            return None;
+        }
+        let after = body.len().saturating_sub(self.wire[last].span.end);
+        let mut out = String::with_capacity(prev.items_end + after);
+        out.push_str(written_before);
+        for item in written {
+            out.push(',');
+            let wire = &self.wire[item.index];
+            item.finish(wire).apply(body, wire.span.clone(), &mut out);
+        }
+        let items_end = out.len();
+        out.push(']');
+        out.push_str(&body[self.array_span.end..]);
+        self.made_splice(out.len(), items_end);
+        Some(out)
     }
 
     /// Moves each displaced marker to the nearest kept element before where
@@ -424,6 +477,27 @@ impl<'a> Written<'a> {
             removed: wire.arrays.iter().map(|a| vec![false; a.len()]).collect(),
             pending_markers: Vec::new(),
         }
+    }
+
+    /// Item `index` (`wire`) as `p` plans it, before markers move.
+    fn of(index: usize, wire: &WireItem, p: &super::Planned) -> Self {
+        let mut item = Written::new(index, wire);
+        if let Some(new) = &p.text {
+            item.set_text(wire, new, p.pieces.as_deref());
+        }
+        if p.thinking == super::Reasoning::Stripped {
+            item.strip_thinking(wire);
+        }
+        for (call, args) in &p.arguments {
+            if let Some(Some((span, form))) = wire.arguments.get(*call) {
+                let value = match form {
+                    ArgumentsForm::Encoded => json_string(args),
+                    ArgumentsForm::Inline => args.clone(),
+                };
+                item.edits.replace(span.clone(), value);
+            }
+        }
+        item
     }
 
     /// Removes the item's reasoning blocks, unless that would empty their

@@ -259,10 +259,15 @@ pub fn decide_decoded(
     let (parsed, lease) = prefixes.parse(policy.id, format, decoded, max_messages)?;
     refuse_agent_compaction(&parsed, policy)?;
     let outcome = Arc::new(outcome_of_parsed(&parsed, policy, checkpoints, None));
-    prefixes.keep(lease, parsed);
+    // A body the prefix cache keeps is copied once, for both caches.
+    let shared = lease.may_keep().then(|| Bytes::copy_from_slice(decoded));
+    prefixes.keep_sharing(lease, parsed, shared.as_ref());
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
-    cache.insert(key, decoded, outcome.clone());
+    match &shared {
+        Some(shared) => cache.insert_shared(key, shared, outcome.clone()),
+        None => cache.insert(key, decoded, outcome.clone()),
+    }
     Ok((outcome, false))
 }
 
@@ -331,6 +336,8 @@ pub fn outcome_of_parsed(
         let asked = ((plan.has_stale_thinking() || recalled_maybe) && policy.thinking_drop_block)
             .then(|| crate::format::anthropic::ask_to_drop_stale_thinking(&body))
             .flatten();
+        // What the splice wrote goes as it is: the next turn may reuse it.
+        let spliced_as_is = asked.is_none() && marked.as_ref().map_or(true, |m| m.ids.is_empty());
         let body = match asked {
             Some(asked) => {
                 beta = Some(crate::format::anthropic::THINKING_BINDING_BETA);
@@ -346,7 +353,11 @@ pub fn outcome_of_parsed(
             }
             _ => body,
         };
-        Bytes::from(body)
+        let body = Bytes::from(body);
+        if spliced_as_is {
+            parsed.keep_splice(plan, &body);
+        }
+        body
     });
     if let Some(m) = marked.filter(|m| !m.ids.is_empty()) {
         count_markers(&mut compacted.loss, &m);
