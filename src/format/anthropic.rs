@@ -38,7 +38,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::resume::{ReadState, Start};
+use super::resume::{ReadState, Resume, Start};
 use super::splice::{span, ArgumentsForm, Marker, WireItem};
 use super::split;
 use super::{
@@ -110,23 +110,23 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
     let array_span = span(body, raw.get());
     let system = system.map(system_chars);
     let items = items.into_iter().map(RawValue::get).collect();
-    read_messages(body, items, array_span, system, max_items)
+    read_messages(body, items, array_span, system, max_items, Start::default()).map(|(p, _)| p)
 }
 
 /// [`parse`] with the messages found by [`split`]: serde reads each byte
 /// once. `None` when anything fails, for the plain way to find out why.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
-    parse_split_from(body, max_items, None).map(|(parsed, _)| parsed)
+    parse_split_from(body, max_items, Resume::default()).map(|(parsed, _)| parsed)
 }
 
-/// [`parse_split`], resumed after the items `from` holds (with where the
-/// array opens and where they end), and the read loop's state at the end.
+/// [`parse_split`] from where `from` says, and the read loop's state at
+/// the end.
 pub(super) fn parse_split_from<'a>(
     body: &'a str,
     max_items: usize,
-    from: Option<(Start<'a>, (usize, usize))>,
+    from: Resume<'a>,
 ) -> Option<(Parsed<'a>, ReadState)> {
-    let (start, at) = from.map_or((Start::default(), None), |(s, at)| (s, Some(at)));
+    let Resume { start, at } = from;
     let (array, system) = split::split_body_from(body, "messages", at, |outside| {
         let [messages, system, compaction] = read_top(outside, TOP_FIELDS).ok()?;
         if asks_for_compaction(compaction) {
@@ -134,25 +134,15 @@ pub(super) fn parse_split_from<'a>(
         }
         Some((messages?, system.map(system_chars)))
     })?;
-    read_messages_from(body, array.elements, array.span, system, max_items, start).ok()
+    read_messages(body, array.elements, array.span, system, max_items, start).ok()
 }
 
 /// Reads the messages (`items`, each one's text in `body`) of the array at
-/// `array_span` into the neutral model; `system` is the top-level system
-/// prompt's chars when there is one (`Some(None)`: not a valid one).
+/// `array_span` into the neutral model, after the items `start` holds
+/// (`items` are the ones after them), and the loop's state at the end;
+/// `system` is the top-level system prompt's chars when there is one
+/// (`Some(None)`: not a valid one).
 fn read_messages<'a>(
-    body: &'a str,
-    items: Vec<&'a str>,
-    array_span: std::ops::Range<usize>,
-    system: Option<Option<usize>>,
-    max_items: usize,
-) -> Result<Parsed<'a>, Skip> {
-    read_messages_from(body, items, array_span, system, max_items, Start::default()).map(|(p, _)| p)
-}
-
-/// [`read_messages`] after the items `start` holds (`items` are the ones
-/// after them), and the loop's state at the end.
-fn read_messages_from<'a>(
     body: &'a str,
     items: Vec<&'a str>,
     array_span: std::ops::Range<usize>,

@@ -30,7 +30,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::resume::{ReadState, Start};
+use super::resume::{ReadState, Resume, Start};
 use super::splice::{span, string_at, ArgumentsForm, WireItem};
 use super::split;
 use super::{
@@ -127,29 +127,38 @@ fn parse_plain(body: &str, max_items: usize) -> Result<Parsed<'_>, Skip> {
     let items = array_field(input)?.ok_or(Skip::NoMessages)?;
     let array_span = span(body, raw.get());
     let items = items.into_iter().map(RawValue::get).collect();
-    read_items(body, items, array_span, instructions_chars, max_items)
+    let start = Start::default();
+    read_items(
+        body,
+        items,
+        array_span,
+        instructions_chars,
+        max_items,
+        start,
+    )
+    .map(|(p, _)| p)
 }
 
 /// [`parse`] with the items found by [`split`]: serde reads each byte
 /// once. `None` when anything fails or the input is one string, for the
 /// plain way.
 fn parse_split(body: &str, max_items: usize) -> Option<Parsed<'_>> {
-    parse_split_from(body, max_items, None).map(|(parsed, _)| parsed)
+    parse_split_from(body, max_items, Resume::default()).map(|(parsed, _)| parsed)
 }
 
-/// [`parse_split`], resumed after the items `from` holds (with where the
-/// array opens and where they end), and the read loop's state at the end.
+/// [`parse_split`] from where `from` says, and the read loop's state at
+/// the end.
 pub(super) fn parse_split_from<'a>(
     body: &'a str,
     max_items: usize,
-    from: Option<(Start<'a>, (usize, usize))>,
+    from: Resume<'a>,
 ) -> Option<(Parsed<'a>, ReadState)> {
-    let (start, at) = from.map_or((Start::default(), None), |(s, at)| (s, Some(at)));
+    let Resume { start, at } = from;
     let (array, instructions_chars) = split::split_body_from(body, "input", at, |outside| {
         let [input, instructions, previous] = read_top(outside, TOP_FIELDS).ok()?;
         Some((input?, outside_of(instructions, previous).ok()?))
     })?;
-    read_items_from(
+    read_items(
         body,
         array.elements,
         array.span,
@@ -161,28 +170,10 @@ pub(super) fn parse_split_from<'a>(
 }
 
 /// Reads the items (`items`, each one's text in `body`) of the array at
-/// `array_span` into the neutral model; `instructions_chars` count outside.
+/// `array_span` into the neutral model, after the items `start` holds
+/// (`items` are the ones after them), and the loop's state at the end;
+/// `instructions_chars` count outside.
 fn read_items<'a>(
-    body: &'a str,
-    items: Vec<&'a str>,
-    array_span: std::ops::Range<usize>,
-    instructions_chars: usize,
-    max_items: usize,
-) -> Result<Parsed<'a>, Skip> {
-    read_items_from(
-        body,
-        items,
-        array_span,
-        instructions_chars,
-        max_items,
-        Start::default(),
-    )
-    .map(|(p, _)| p)
-}
-
-/// [`read_items`] after the items `start` holds (`items` are the ones
-/// after them), and the loop's state at the end.
-fn read_items_from<'a>(
     body: &'a str,
     items: Vec<&'a str>,
     array_span: std::ops::Range<usize>,

@@ -284,6 +284,18 @@ pub(crate) struct Start<'a> {
     pub state: ReadState,
 }
 
+/// Where a format's split read begins: at the array's first item (the
+/// default: a whole parse), or after the items of a snapshot whose bytes
+/// the body begins with.
+#[derive(Default)]
+pub(crate) struct Resume<'a> {
+    /// The items read so far and the loop's state.
+    pub start: Start<'a>,
+    /// Where the array opens and where the items of `start` end; `None`:
+    /// the array is found and read from its start.
+    pub at: Option<(usize, usize)>,
+}
+
 /// A text piece of a snapshot: its span, and its decoded text when that is
 /// not the literal's own bytes (it held an escape).
 #[derive(Debug, Clone)]
@@ -512,12 +524,7 @@ impl Format {
         max_items: usize,
     ) -> Result<(Parsed<'_>, Option<ReadState>), Skip> {
         let text = std::str::from_utf8(body).map_err(|_| Skip::InvalidJson)?;
-        let split = match self {
-            Format::Chat => super::chat::parse_split_from(text, max_items, None),
-            Format::Anthropic => super::anthropic::parse_split_from(text, max_items, None),
-            Format::Responses => super::responses::parse_split_from(text, max_items, None),
-        };
-        match split {
+        match self.parse_split(text, max_items, Resume::default()) {
             Some((parsed, state)) => Ok((parsed, Some(state))),
             None => self.parse(body, max_items).map(|p| (p, None)),
         }
@@ -548,14 +555,28 @@ impl Format {
             wire,
             state: snapshot.state,
         };
-        let resumed = Some((start, from));
-        let (mut parsed, state) = match self {
-            Format::Chat => super::chat::parse_split_from(text, max_items, resumed),
-            Format::Anthropic => super::anthropic::parse_split_from(text, max_items, resumed),
-            Format::Responses => super::responses::parse_split_from(text, max_items, resumed),
-        }?;
+        let resume = Resume {
+            start,
+            at: Some(from),
+        };
+        let (mut parsed, state) = self.parse_split(text, max_items, resume)?;
         parsed.carried = Carried::of(snapshot.carried);
         Some((parsed, state))
+    }
+
+    /// The format's split read of `text` from `from`, and the loop's
+    /// state at its end.
+    fn parse_split<'a>(
+        self,
+        text: &'a str,
+        max_items: usize,
+        from: Resume<'a>,
+    ) -> Option<(Parsed<'a>, ReadState)> {
+        match self {
+            Format::Chat => super::chat::parse_split_from(text, max_items, from),
+            Format::Anthropic => super::anthropic::parse_split_from(text, max_items, from),
+            Format::Responses => super::responses::parse_split_from(text, max_items, from),
+        }
     }
 }
 
