@@ -223,10 +223,15 @@ fn configs() -> Vec<(Format, Mode)> {
     if quick() {
         return vec![(Format::Chat, Mode::Stable)];
     }
+    // `INCREMENTAL_ONLY=chat/stable,anthropic/exact`: those alone.
+    let only = std::env::var("INCREMENTAL_ONLY").unwrap_or_default();
     let mut all = Vec::new();
     for format in Format::ALL {
         for mode in [Mode::Stable, Mode::Exact] {
-            all.push((format, mode));
+            let name = format!("{format}/{}", mode_name(mode));
+            if only.is_empty() || only.split(',').any(|o| o == name) {
+                all.push((format, mode));
+            }
         }
     }
     all
@@ -326,11 +331,16 @@ fn table(format: Format, mode: Mode, requests: &[Vec<u8>]) {
         ("resumed", &rows_resumed, big_resumed),
     ] {
         let (a, b, c) = fit(rows);
+        let mut sorted = big.clone();
+        sorted.sort_by(f64::total_cmp);
+        let at = |q: usize| sorted.get(sorted.len() * q / 100).copied().unwrap_or(0.0);
         println!(
             "warm fit, {label}: {a:.3} ms + {b:.3} ms per MB of body + {c:.3} ms per MB added; \
-             median warm turn at 2.3-2.8 MB: {:.3} ms ({} turns)",
+             median warm turn at 2.3-2.8 MB: {:.3} ms ({} turns; p10 {:.3}, p90 {:.3})",
             median(big.clone()),
-            big.len()
+            big.len(),
+            at(10),
+            at(90)
         );
     }
     println!(
