@@ -17,7 +17,20 @@
 //!    differences to seed are what relevance adds. The fastest of 300 runs
 //!    of each is printed last (`docs/relevance.md` keeps the figures).
 //!
-//! 3. **The harder set** (`benches/support/relevance_cases.rs`): 300
+//! 3. **A warm turn through the pipeline** (`warm_turn`): two ~200 KB
+//!    histories, a coding agent's (tool calls
+//!    and results, `tests/data/fixtures/agent-150-turns.json`'s first 214
+//!    messages, then its next turn) and the chat history of 2., each
+//!    compacted by `compaction::compact` in exact mode under the shipped
+//!    default policy at a quarter of its chars, with the previous turn's
+//!    analyses and word lists in the store; under seed and under relevance
+//!    scoring. The difference is what relevance adds to a warm turn.
+//!    `WARM_TURN_ONCE=agent_200kb/relevance` runs that case's turn once (after
+//!    warming its store) and exits, for instruction counts:
+//!    `valgrind --tool=callgrind --toggle-collect='*measured_turn*' <bench binary>`;
+//!    `WARM_TURN_FASTEST=200` prints each case's fastest of 200 turns and exits.
+//!
+//! 4. **The harder set** (`benches/support/relevance_cases.rs`): 300
 //!    generated cases of six kinds whose questions do not repeat the
 //!    answer's words, per kind at 50%, 25% and 10% budgets (printed after
 //!    the first table).
@@ -31,6 +44,7 @@
 use std::hint::black_box;
 
 use compaction_proxy::analysis_store::AnalysisStore;
+use compaction_proxy::compaction::stable::NoCheckpoints;
 use compaction_proxy::engine::{compact, compact_cached, relevance, Message, Role};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
@@ -325,12 +339,170 @@ fn cost(c: &mut Criterion) {
     );
 }
 
+/// A chat completions body of `messages` (plain text, no tools).
+fn chat_body(messages: &[Message]) -> String {
+    let messages: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role.as_str(), "content": m.content}))
+        .collect();
+    serde_json::json!({"model": "gpt-4o", "messages": messages}).to_string()
+}
+
+/// The agent fixture's body cut to its first `messages` messages.
+fn agent_body(messages: usize) -> String {
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("../tests/data/fixtures/agent-150-turns.json"))
+            .expect("the fixture is JSON");
+    let mut body = fixture.clone();
+    let all = fixture["messages"].as_array().expect("messages");
+    body["messages"] = serde_json::Value::Array(all[..messages].to_vec());
+    body.to_string()
+}
+
+/// One warm-turn case: the previous turn's body and this turn's.
+struct Turns {
+    name: &'static str,
+    previous: String,
+    next: String,
+}
+
+fn warm_turn_cases() -> Vec<Turns> {
+    let history = history_of(200 * 1024);
+    let next_chats = fact_chats::generate(BENCH_SEED + 2, 1);
+    let mut next = history.clone();
+    next.push(Message::new(Role::Assistant, "It is in the notes above."));
+    next.push(Message::new(Role::User, next_chats[0].direct.clone()));
+    vec![
+        // Messages 0..=213 end with a user turn ("Step 108"); the next
+        // turn's request is message 220, after a tool loop.
+        Turns {
+            name: "agent_200kb",
+            previous: agent_body(214),
+            next: agent_body(221),
+        },
+        Turns {
+            name: "chat_200kb",
+            previous: chat_body(&history),
+            next: chat_body(&next),
+        },
+    ]
+}
+
+/// The shipped default policy in exact mode at `budget_chars`, scoring by
+/// seed or relevance, with `store` as its analyses.
+fn warm_policy(
+    relevance: bool,
+    budget_chars: usize,
+    store: AnalysisStore,
+) -> compaction_proxy::policy::CompiledPolicy {
+    let shipped = relevance_cases::default_policy();
+    let mut policy = if relevance {
+        relevance_cases::with_relevance(&shipped)
+    } else {
+        shipped
+    };
+    policy.mode = compaction_proxy::config::Mode::Exact;
+    policy.engine.budget_chars = budget_chars;
+    policy.analyses = std::sync::Arc::new(store);
+    policy
+}
+
+/// A store as the proxy's holds it when `previous` was the last turn.
+fn warmed(
+    previous: &compaction_proxy::format::Parsed,
+    relevance: bool,
+    budget_chars: usize,
+) -> compaction_proxy::policy::CompiledPolicy {
+    let store = AnalysisStore::new(32 << 20).with_word_lists(32 << 20);
+    let policy = warm_policy(relevance, budget_chars, store);
+    compaction_proxy::compaction::compact(previous, &policy, &NoCheckpoints);
+    // Between two turns moka's housekeeping of the inserts has run.
+    policy.analyses.weighted_size();
+    policy.analyses.word_lists_weighted_size();
+    policy
+}
+
+/// The measured call (a symbol of its own for callgrind's toggle).
+#[inline(never)]
+fn measured_turn(
+    parsed: &compaction_proxy::format::Parsed,
+    policy: &compaction_proxy::policy::CompiledPolicy,
+) -> compaction_proxy::compaction::Compacted {
+    compaction_proxy::compaction::compact(parsed, policy, &NoCheckpoints)
+}
+
+fn warm_turn(c: &mut Criterion) {
+    use compaction_proxy::format::Format;
+    let once = std::env::var("WARM_TURN_ONCE").ok();
+    let fastest_of: Option<usize> = std::env::var("WARM_TURN_FASTEST")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    let mut group = c.benchmark_group("warm_turn");
+    for case in warm_turn_cases() {
+        let previous = Format::Chat
+            .parse(case.previous.as_bytes(), usize::MAX)
+            .expect("parses");
+        let next = Format::Chat
+            .parse(case.next.as_bytes(), usize::MAX)
+            .expect("parses");
+        let budget = next.conversation.total_chars() / 4;
+        for (scoring, relevance) in [("seed", false), ("relevance", true)] {
+            let id = format!("{}/{scoring}", case.name);
+            if let Some(runs) = fastest_of {
+                // The machine may be shared: the fastest of many runs is
+                // the closest to one turn on an idle core.
+                let best = (0..runs)
+                    .map(|_| {
+                        let policy = warmed(&previous, relevance, budget);
+                        let started = std::time::Instant::now();
+                        black_box(measured_turn(black_box(&next), &policy));
+                        started.elapsed()
+                    })
+                    .min()
+                    .unwrap_or_default();
+                println!("warm_turn {id}: fastest of {runs} {best:?}");
+                continue;
+            }
+            if let Some(only) = &once {
+                if *only == id {
+                    let policy = warmed(&previous, relevance, budget);
+                    black_box(measured_turn(&next, &policy));
+                    std::process::exit(0);
+                }
+                continue;
+            }
+            group.throughput(Throughput::Bytes(case.next.len() as u64));
+            group.bench_function(&id, |b| {
+                b.iter_batched_ref(
+                    || warmed(&previous, relevance, budget),
+                    |policy| measured_turn(black_box(&next), policy),
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+    }
+    group.finish();
+    if once.is_some() {
+        eprintln!("WARM_TURN_ONCE: no such case");
+        std::process::exit(1);
+    }
+    if fastest_of.is_some() {
+        std::process::exit(0);
+    }
+}
+
 fn benches(c: &mut Criterion) {
+    if std::env::var_os("WARM_TURN_ONCE").is_some()
+        || std::env::var_os("WARM_TURN_FASTEST").is_some()
+    {
+        warm_turn(c);
+    }
     if std::env::var_os("RELEVANCE_BENCH_NO_FASTEST").is_none() {
         print_retention();
         print_cases();
     }
     cost(c);
+    warm_turn(c);
 }
 
 criterion_group!(relevance_benches, benches);

@@ -73,11 +73,22 @@ pub fn protect_relevant(
     policy: &CompiledPolicy,
     protected: &mut [bool],
 ) -> Option<engine::relevance::Relevance> {
+    protect_relevant_keyed(conversation, messages, policy, protected).map(|(found, _)| found)
+}
+
+/// [`protect_relevant`], giving back the messages' keys when it hashed
+/// them (for the engine's lookups).
+fn protect_relevant_keyed(
+    conversation: &Conversation,
+    messages: &[Message],
+    policy: &CompiledPolicy,
+    protected: &mut [bool],
+) -> Option<(engine::relevance::Relevance, Option<Vec<u128>>)> {
     let engine::ScoringMethod::Relevance(knobs) = &policy.engine.scoring else {
         return None;
     };
-    let found =
-        engine::relevance::analyze_cached(messages, knobs.goal.as_deref(), &*policy.analyses);
+    let (found, keys) =
+        engine::relevance::analyze_keyed(messages, knobs.goal.as_deref(), &*policy.analyses, None);
     let relevant: Vec<bool> = found
         .relevance
         .iter()
@@ -85,7 +96,7 @@ pub fn protect_relevant(
         .map(|(i, &r)| Some(i) != found.query_index && r > 0.0 && r >= knobs.pin_relevant_above)
         .collect();
     relevant::protect_units(conversation, &relevant, protected);
-    Some(found)
+    Some((found, keys))
 }
 
 /// The engine's view of the items under `policy`'s pin rules.
@@ -449,8 +460,13 @@ pub fn run_passes_decided(
     let mut messages = engine_messages(conversation, policy);
     let mut protected = protected_items(conversation, policy);
     let mut found = None;
+    let mut keys = None;
     if policy.agent.any_pass() && conversation.total_chars() > policy.engine.budget_chars {
-        found = protect_relevant(conversation, &messages, policy, &mut protected);
+        (found, keys) =
+            match protect_relevant_keyed(conversation, &messages, policy, &mut protected) {
+                Some((found, keys)) => (Some(found), keys),
+                None => (None, None),
+            };
     }
     let decided = decided.filter(|d| d.dropped.len() == conversation.items.len());
     let with_decisions;
@@ -484,7 +500,7 @@ pub fn run_passes_decided(
         }
     }
     if let Some(found) = &found {
-        relevant::prune_around_matches(conversation, found, &mut edits);
+        relevant::prune_around_matches_cached(conversation, found, &mut edits, &*policy.analyses);
     }
     // A chat without tools (most bodies) has no edits: the conversation
     // and the messages already made from it are what the engine sees.
@@ -499,21 +515,44 @@ pub fn run_passes_decided(
     // them whole but never cut them.
     let excluded = agent::excluded_items(conversation, &policy.agent);
     // Pins come from the items as they came, not from the edited text.
+    let mut texts_changed = false;
     for (i, (m, item)) in messages.iter_mut().zip(&edited.items).enumerate() {
+        let text_before = m.content.len();
+        let mut changed = false;
         if decided.is_some_and(|d| d.dropped[i]) {
+            changed = text_before > 0;
             m.content = String::new();
             m.fixed_chars = 0;
         } else if excluded[i] {
+            changed = text_before > 0;
             m.content = String::new();
             m.fixed_chars = item.chars();
         } else {
-            if edits.texts.contains_key(&i) {
+            if edits.texts.contains_key(&i) && m.content != item.text {
+                changed = true;
                 m.content = item.text.clone();
             }
             m.fixed_chars = item.fixed_chars;
         }
+        if changed {
+            texts_changed = true;
+            if let Some(keys) = &mut keys {
+                keys[i] = engine::relevance::message_key(&m.content);
+            }
+        }
     }
-    let report = engine::compact_cached(&messages, &item_policy(edited, policy), &*policy.analyses);
+    // What the passes' relevance found holds for the engine's messages
+    // when no text changed (a chat without tools: most bodies).
+    let known = engine::Known {
+        relevance: found.filter(|_| !texts_changed),
+        keys,
+    };
+    let report = engine::compact_scored(
+        &messages,
+        &item_policy(edited, policy),
+        &*policy.analyses,
+        known,
+    );
     let mut plan = plan_of(&report);
     if let Some(d) = decided {
         plan.items.retain(|p| !d.dropped[p.index]);

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::agent::{AgentEdits, TextEdit};
-use crate::engine::relevance::{excerpt, Relevance};
+use crate::engine::relevance::{excerpt_cached, AnalysisCache, Relevance};
 use crate::engine::{text::char_count, ScoringMethod};
 use crate::format::Conversation;
 use crate::policy::CompiledPolicy;
@@ -21,22 +21,27 @@ pub fn subjects(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Str
     if policy.engine.scoring == ScoringMethod::Seed {
         return vec![String::new(); items.len()];
     }
-    let mut calls: HashMap<&str, String> = HashMap::new();
+    // Each call id's first call; its text ("name arguments") is written
+    // into each result's subject, not formatted once per call.
+    let mut calls: HashMap<&str, &crate::format::ToolCall> = HashMap::new();
     for item in items {
         for call in &item.tool_calls {
-            calls
-                .entry(call.id.as_str())
-                .or_insert_with(|| format!("{} {}", call.name, call.arguments));
+            calls.entry(call.id.as_str()).or_insert(call);
         }
     }
+    let mut text = String::new();
     items
         .iter()
         .map(|item| {
             let mut subject = String::new();
             for id in item.answers.iter().chain(&item.piece_answers) {
                 if let Some(call) = calls.get(id.as_str()) {
-                    if !subject.contains(call.as_str()) {
-                        subject.push_str(call);
+                    text.clear();
+                    text.push_str(&call.name);
+                    text.push(' ');
+                    text.push_str(&call.arguments);
+                    if !subject.contains(text.as_str()) {
+                        subject.push_str(&text);
                         subject.push('\n');
                     }
                 }
@@ -90,6 +95,17 @@ pub fn prune_around_matches(
     found: &Relevance,
     edits: &mut AgentEdits,
 ) {
+    prune_around_matches_cached(conversation, found, edits, &crate::engine::NoCaches);
+}
+
+/// [`prune_around_matches`], reading where each result's terms stand
+/// through `cache` (the same cuts, sooner on the next turn).
+pub fn prune_around_matches_cached(
+    conversation: &Conversation,
+    found: &Relevance,
+    edits: &mut AgentEdits,
+    cache: &dyn AnalysisCache,
+) {
     for (&i, edit) in edits.texts.iter_mut() {
         let TextEdit::Pruned(cut) = edit else {
             continue;
@@ -98,7 +114,7 @@ pub fn prune_around_matches(
             continue;
         }
         let text = &conversation.items[i].text;
-        if let Some(around) = excerpt(text, &found.query, char_count(cut)) {
+        if let Some(around) = excerpt_cached(text, &found.query, char_count(cut), cache) {
             *cut = around;
         }
     }

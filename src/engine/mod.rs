@@ -341,14 +341,59 @@ pub fn compact(messages: &[Message], policy: &Policy) -> Report {
 /// [`relevance::analyze_cached`]) and what reading a history's words gave
 /// (see [`word_lists`]); the report is the same with any caches or none.
 pub fn compact_cached(messages: &[Message], policy: &Policy, caches: &dyn Caches) -> Report {
+    compact_scored(messages, policy, caches, Known::default())
+}
+
+/// What a caller computed of the engine's messages before the engine, so
+/// that it is not computed twice.
+#[derive(Debug, Default)]
+pub struct Known {
+    /// [`relevance::analyze_cached`] of these messages (their roles,
+    /// contents and subjects) and the policy's goal.
+    pub relevance: Option<relevance::Relevance>,
+    /// [`relevance::message_key`] of each message's content.
+    pub keys: Option<Vec<u128>>,
+}
+
+/// [`compact_cached`], with what the caller `known`s of `messages` already
+/// (as the agent passes do, which score the items before the engine): the
+/// same report, sooner.
+pub fn compact_scored(
+    messages: &[Message],
+    policy: &Policy,
+    caches: &dyn Caches,
+    known: Known,
+) -> Report {
+    let Known {
+        relevance: found,
+        mut keys,
+    } = known;
+    debug_assert!(keys
+        .as_ref()
+        .map_or(true, |keys| keys.len() == messages.len()
+            && keys
+                .iter()
+                .zip(messages)
+                .all(|(&k, m)| k == relevance::message_key(&m.content))));
     let relevance = match &policy.scoring {
         ScoringMethod::Seed => None,
         ScoringMethod::Relevance(r) => Some((
-            relevance::analyze_cached(messages, r.goal.as_deref(), caches),
+            match found {
+                Some(found) => {
+                    debug_assert_eq!(found, relevance::analyze(messages, r.goal.as_deref()));
+                    found
+                }
+                None => {
+                    let (found, hashed) =
+                        relevance::analyze_keyed(messages, r.goal.as_deref(), caches, keys.take());
+                    keys = hashed;
+                    found
+                }
+            },
             r,
         )),
     };
-    let mut scores = score::Scores::new(messages, caches);
+    let mut scores = score::Scores::new_keyed(messages, caches, keys.as_deref());
     if let Some((found, _)) = &relevance {
         scores.add(RELEVANCE_WEIGHT, &found.relevance);
     }
@@ -356,12 +401,13 @@ pub fn compact_cached(messages: &[Message], policy: &Policy, caches: &dyn Caches
     let input_chars = work.total;
 
     let relevant = relevance.as_ref().map(|(found, knobs)| (found, *knobs));
-    let (pin, reasons, relevant_pins) = pin::run(&mut work, policy, relevant);
+    let (pin, reasons, relevant_pins) = pin::run(&mut work, policy, relevant, caches);
     let dedupe = dedupe::run(&mut work, &scores, policy);
     let trim = trim::run(
         &mut work,
         policy,
         relevance.as_ref().map(|(found, _)| found),
+        caches,
     );
     let drop = drop::run(&mut work, &scores);
 

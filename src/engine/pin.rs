@@ -2,7 +2,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::relevance::{excerpt, Relevance};
+use super::relevance::{excerpt_cached, Relevance};
 use super::{Cut, PinRule, PinStage, Policy, ProtectedBecause, RelevancePolicy, Trimmed, Working};
 
 /// Marks protected messages; returns the stage record, each message's
@@ -13,6 +13,7 @@ pub(super) fn run(
     work: &mut Working,
     policy: &Policy,
     relevance: Option<(&Relevance, &RelevancePolicy)>,
+    caches: &dyn super::Caches,
 ) -> (PinStage, Vec<Vec<ProtectedBecause>>, Vec<usize>) {
     let n = work.messages.len();
     let first_recent = n.saturating_sub(policy.keep_last_n);
@@ -38,7 +39,7 @@ pub(super) fn run(
     protect_groups(work, &mut reasons);
     let relevant_pins = match relevance {
         Some((relevance, knobs)) => {
-            let pins = pin_relevant(work, &mut reasons, relevance, knobs, policy);
+            let pins = pin_relevant(work, &mut reasons, relevance, knobs, policy, caches);
             protect_groups(work, &mut reasons);
             pins
         }
@@ -98,6 +99,7 @@ fn pin_relevant(
     found: &Relevance,
     knobs: &RelevancePolicy,
     policy: &Policy,
+    caches: &dyn super::Caches,
 ) -> Vec<usize> {
     let relevance = found.relevance.as_slice();
     let protected_chars: usize = (0..work.messages.len())
@@ -139,7 +141,8 @@ fn pin_relevant(
             let cap = policy
                 .max_message_chars
                 .min(room.saturating_sub(others + work.messages[longest].fixed_chars));
-            let Some(cut) = excerpt(&work.messages[longest].content, &found.query, cap) else {
+            let content = &work.messages[longest].content;
+            let Some(cut) = excerpt_cached(content, &found.query, cap, caches) else {
                 continue;
             };
             let original_chars = work.chars(longest);

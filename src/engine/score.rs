@@ -22,13 +22,25 @@ pub(super) struct Scores {
 impl Scores {
     /// The scores of `messages`, their words read through `lists` (what
     /// reading an earlier turn's history gave: the same scores, sooner).
+    #[cfg(test)]
     pub fn new(messages: &[Message], lists: &dyn WordListCache) -> Self {
+        Self::new_keyed(messages, lists, None)
+    }
+
+    /// [`Scores::new`], given each message's
+    /// [`message_key`](super::relevance::message_key) when the caller has
+    /// them.
+    pub fn new_keyed(
+        messages: &[Message],
+        lists: &dyn WordListCache,
+        keys: Option<&[u128]>,
+    ) -> Self {
         // Varied English text brings a new word every 60 to 100 bytes.
         let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
         let mut vocab = Vocabulary::with_capacity(bytes / 64);
         let mut counts: Vec<u32> = Vec::new();
         let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-        let word_sets = read_words(&texts, &mut vocab, &mut counts, lists);
+        let word_sets = read_words(&texts, &mut vocab, &mut counts, lists, keys);
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)
             .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)

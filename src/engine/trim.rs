@@ -2,13 +2,18 @@
 //! at the last sentence boundary, or hard at the limit when that boundary
 //! would keep less than 40 percent of it.
 
-use super::relevance::{excerpt, Relevance};
+use super::relevance::{excerpt_cached, Relevance};
 use super::{Cut, Policy, TrimRule, TrimStage, Trimmed, Working, TRIM_CUT_AT};
 
 /// Share of the limit a sentence cut must keep; below it the cut is hard.
 const MIN_SENTENCE_SHARE: f64 = 0.4;
 
-pub(super) fn run(work: &mut Working, policy: &Policy, found: Option<&Relevance>) -> TrimStage {
+pub(super) fn run(
+    work: &mut Working,
+    policy: &Policy,
+    found: Option<&Relevance>,
+    caches: &dyn super::Caches,
+) -> TrimStage {
     let limit = policy.max_message_chars;
     let mut trimmed = std::mem::take(&mut work.pinned_excerpts);
     let candidates: Vec<usize> = work.candidates().collect();
@@ -23,7 +28,7 @@ pub(super) fn run(work: &mut Working, policy: &Policy, found: Option<&Relevance>
         // A relevant message keeps its part around the match.
         let around = found
             .filter(|f| f.relevance[j] > 0.0)
-            .and_then(|f| excerpt(&work.messages[j].content, &f.query, limit));
+            .and_then(|f| excerpt_cached(&work.messages[j].content, &f.query, limit, caches));
         let cut = match around {
             Some(text) => {
                 work.set_excerpt(j, text);

@@ -155,6 +155,7 @@ pub(super) fn read_words(
     vocab: &mut Vocabulary,
     counts: &mut Vec<u32>,
     cache: &dyn WordListCache,
+    keys: Option<&[u128]>,
 ) -> Vec<Vec<u32>> {
     let mut sets: Vec<Vec<u32>> = Vec::with_capacity(texts.len());
     let mut reader = Reader::default();
@@ -171,7 +172,11 @@ pub(super) fn read_words(
     let stem = texts.len() - 1;
     // The keys relevance's analyses use: this cache is another, so the
     // same key names each history's words here and its analyses there.
-    let keys: Vec<u128> = texts[..stem].iter().map(|t| message_key(t)).collect();
+    // (Given by the caller when it hashed the texts already.)
+    let keys: Vec<u128> = match keys {
+        Some(keys) => keys[..stem].to_vec(),
+        None => texts[..stem].iter().map(|t| message_key(t)).collect(),
+    };
     let prefixes = history_keys(&keys);
     let earlier = (stem.saturating_sub(HISTORY_PROBES)..stem)
         .rev()
@@ -264,7 +269,7 @@ mod tests {
     ) -> (Vec<Vec<u32>>, Vec<u32>, Vec<String>) {
         let mut vocab = Vocabulary::default();
         let mut counts = Vec::new();
-        let sets = read_words(texts, &mut vocab, &mut counts, cache);
+        let sets = read_words(texts, &mut vocab, &mut counts, cache, None);
         let words = (0..vocab.len() as u32)
             .map(|id| vocab.word(id).to_owned())
             .collect();

@@ -55,6 +55,9 @@ pub enum CachedAnalysis {
     /// [`history_keys`]: a new turn of a conversation finds its previous
     /// turn's with one lookup instead of one per message.
     History(Arc<History>),
+    /// Where each term of a long text stands, for its excerpts, keyed by
+    /// its [`message_key`] and a constant of its own.
+    Segments(Arc<super::excerpt::SegmentTerms>),
 }
 
 /// The analyses of a history's first [`History::len`] messages: the
@@ -134,6 +137,7 @@ impl CachedAnalysis {
         match self {
             CachedAnalysis::Message(a) => a.weight(),
             CachedAnalysis::History(h) => h.weight,
+            CachedAnalysis::Segments(s) => s.weight(),
         }
     }
 }
@@ -228,8 +232,11 @@ pub(super) struct HistoryLookup {
 }
 
 impl HistoryLookup {
-    pub(super) fn new(texts: &[&str], cache: &dyn AnalysisCache) -> Self {
-        let keys: Vec<u128> = texts.iter().map(|text| message_key(text)).collect();
+    /// `keys`, when given, are [`message_key`] of each of `texts`.
+    pub(super) fn new(texts: &[&str], keys: Option<Vec<u128>>, cache: &dyn AnalysisCache) -> Self {
+        let keys: Vec<u128> =
+            keys.unwrap_or_else(|| texts.iter().map(|text| message_key(text)).collect());
+        debug_assert_eq!(keys.len(), texts.len());
         let prefixes = history_keys(&keys);
         let mut earlier = None;
         for k in (texts.len().saturating_sub(HISTORY_PROBES)..texts.len()).rev() {
@@ -250,6 +257,11 @@ impl HistoryLookup {
 
     /// The analysis of each text, from the cache where it has them; what
     /// it lacks is made and added, with the history's own entry.
+    /// Each message's [`message_key`].
+    pub(super) fn keys(&self) -> &[u128] {
+        &self.keys
+    }
+
     pub(super) fn analyses(self, texts: &[&str], cache: &dyn AnalysisCache) -> Analyses {
         let mut analyzer = Analyzer::default();
         let (earlier, earlier_key) = match self.earlier {
@@ -283,12 +295,25 @@ impl HistoryLookup {
     }
 }
 
+/// The analysis of `text` from `cache`, made and added when it lacks it.
+pub(super) fn cached(text: &str, cache: &dyn AnalysisCache) -> Arc<Analysis> {
+    let key = message_key(text);
+    match cache.get(key) {
+        Some(CachedAnalysis::Message(found)) => found,
+        _ => {
+            let fresh = Arc::new(Analysis::of(text));
+            cache.put(key, CachedAnalysis::Message(fresh.clone()));
+            fresh
+        }
+    }
+}
+
 /// Adds to `cache` the analyses of a history's `texts` it lacks, and the
 /// history's entry, as [`analyze_cached`](super::analyze_cached) would: what a cache that
 /// [`AnalysisCache::fill_later`] runs after the request.
 pub fn fill(texts: &[&str], cache: &dyn AnalysisCache) {
     if cache.enabled() {
-        HistoryLookup::new(texts, cache).analyses(texts, cache);
+        HistoryLookup::new(texts, None, cache).analyses(texts, cache);
     }
 }
 

@@ -3,7 +3,10 @@
 //! each table row with its table's header row, then their neighbours while
 //! they fit, the cut parts standing as `[… N chars omitted …]` markers.
 
-use super::terms::{for_each_term, normalize, term_id};
+use std::sync::Arc;
+
+use super::analysis::{message_key, AnalysisCache, CachedAnalysis};
+use super::terms::{for_each_term, normalize, packed, term_id, TermMemo};
 use crate::engine::text::char_count;
 
 /// The query an excerpt looks for: each term's id and weight (its query
@@ -38,53 +41,79 @@ const MAX_TRIES: usize = 64;
 /// it; `None` when no query term is in it, `max_chars` is too small, or
 /// the text fits already.
 pub fn excerpt(text: &str, query: &QueryTerms, max_chars: usize) -> Option<String> {
+    excerpt_cached(text, query, max_chars, &crate::engine::NoCaches)
+}
+
+/// [`excerpt`], with where each term of `text` stands ([`SegmentTerms`],
+/// whatever the query) looked up in and added to `cache`: a long message
+/// cut on one turn is cut on the next without scanning it again. The
+/// same excerpt with any cache or none.
+pub fn excerpt_cached(
+    text: &str,
+    query: &QueryTerms,
+    max_chars: usize,
+    cache: &dyn AnalysisCache,
+) -> Option<String> {
     if query.ids.is_empty() || max_chars < MIN_EXCERPT_CHARS || char_count(text) <= max_chars {
         return None;
     }
     let by_lines = text.contains('\n');
     let segments = split(text, by_lines);
+    let terms = if cache.enabled() {
+        let key = message_key(text) ^ SEGMENT_TERMS_KEY;
+        match cache.get(key) {
+            Some(CachedAnalysis::Segments(found)) => found,
+            _ => {
+                let fresh = Arc::new(SegmentTerms::of(text, &segments));
+                cache.put(key, CachedAnalysis::Segments(fresh.clone()));
+                fresh
+            }
+        }
+    } else {
+        Arc::new(SegmentTerms::of(text, &segments))
+    };
     // Each segment's matched query terms (a bit each, the first 64) and
-    // weight, and where its first match starts.
+    // weight, and where its first match starts: the hits come in scan
+    // order within each segment, so the weights add up in that order.
     let mut matched = vec![0u64; segments.len()];
     let mut score = vec![0.0f64; segments.len()];
     let mut first_match = vec![usize::MAX; segments.len()];
-    let base = text.as_ptr() as usize;
-    let mut buf = String::new();
-    for_each_term(text, |raw, kind| {
-        let Some(term) = normalize(raw, kind, &mut buf) else {
-            return;
+    for hit in &terms.hits {
+        let Some(t) = query.ids.iter().position(|&q| q == hit.id) else {
+            continue;
         };
-        let id = term_id(&term);
-        buf = term;
-        let Some(t) = query.ids.iter().position(|&q| q == id) else {
-            return;
-        };
-        let at = raw.as_ptr() as usize - base;
-        let s = segments.partition_point(|&(start, _)| start <= at) - 1;
+        let s = hit.segment as usize;
         let bit = 1u64 << (t % 64);
         if matched[s] & bit == 0 {
             matched[s] |= bit;
             score[s] += query.weights.get(t).copied().unwrap_or(1.0);
         }
-        first_match[s] = first_match[s].min(at);
-    });
+        first_match[s] = first_match[s].min(hit.at as usize);
+    }
     let mut order: Vec<usize> = (0..segments.len()).filter(|&s| score[s] > 0.0).collect();
     if order.is_empty() {
         return None;
     }
     order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
 
-    let render = |chosen: &[bool]| render(text, &segments, chosen, by_lines);
+    // Each try is measured by counting, not rendering: the excerpt is
+    // rendered once, when chosen.
+    let layout = Layout::new(text, &segments, by_lines);
     let mut chosen = vec![false; segments.len()];
     let mut any = false;
+    let mut added = Vec::new();
     for &s in order.iter().take(MAX_TRIES) {
-        let unit = unit_of(text, &segments, s, by_lines);
-        let before = chosen.clone();
-        for &u in &unit {
-            chosen[u] = true;
+        added.clear();
+        for u in unit_of(text, &segments, s, by_lines) {
+            if !chosen[u] {
+                chosen[u] = true;
+                added.push(u);
+            }
         }
-        if char_count(&render(&chosen)) > max_chars {
-            chosen = before;
+        if layout.chars(&chosen) > max_chars {
+            for &u in &added {
+                chosen[u] = false;
+            }
         } else {
             any = true;
         }
@@ -104,7 +133,7 @@ pub fn excerpt(text: &str, query: &QueryTerms, max_chars: usize) -> Option<Strin
                 continue;
             }
             chosen[next] = true;
-            if char_count(&render(&chosen)) > max_chars {
+            if layout.chars(&chosen) > max_chars {
                 chosen[next] = false;
             } else {
                 grew = true;
@@ -116,8 +145,161 @@ pub fn excerpt(text: &str, query: &QueryTerms, max_chars: usize) -> Option<Strin
             break;
         }
     }
-    Some(render(&chosen))
+    Some(render(text, &segments, &chosen, by_lines))
 }
+
+/// What [`render`] makes of each segment, to count an excerpt's chars
+/// without making it.
+struct Layout {
+    /// Chars of each segment as rendered (a line with its newline).
+    chars: Vec<usize>,
+    /// Whether a segment's rendered text is not empty, and whether it
+    /// ends with a newline.
+    nonempty: Vec<bool>,
+    ends_with_newline: Vec<bool>,
+    by_lines: bool,
+}
+
+impl Layout {
+    fn new(text: &str, segments: &[(usize, usize)], by_lines: bool) -> Self {
+        let pieces = segments.iter().map(|&(a, b)| {
+            let end = if by_lines && b < text.len() { b + 1 } else { b };
+            &text[a..end]
+        });
+        let mut layout = Layout {
+            chars: Vec::with_capacity(segments.len()),
+            nonempty: Vec::with_capacity(segments.len()),
+            ends_with_newline: Vec::with_capacity(segments.len()),
+            by_lines,
+        };
+        for piece in pieces {
+            layout.chars.push(char_count(piece));
+            layout.nonempty.push(!piece.is_empty());
+            layout.ends_with_newline.push(piece.ends_with('\n'));
+        }
+        layout
+    }
+
+    /// `char_count(&render(.., chosen, ..))`, counted.
+    fn chars(&self, chosen: &[bool]) -> usize {
+        let mut total = 0usize;
+        let mut omitted = 0usize;
+        let (mut nonempty, mut ends_with_newline) = (false, false);
+        for (s, &c) in self.chars.iter().enumerate() {
+            if chosen[s] {
+                if omitted > 0 {
+                    total += marker_chars(omitted) + 1;
+                    omitted = 0;
+                    nonempty = true;
+                    ends_with_newline = self.by_lines;
+                }
+                total += c;
+                if self.nonempty[s] {
+                    nonempty = true;
+                    ends_with_newline = self.ends_with_newline[s];
+                }
+            } else {
+                omitted += c;
+            }
+        }
+        if omitted > 0 {
+            if self.by_lines && !ends_with_newline && nonempty {
+                total += 1;
+            }
+            total += marker_chars(omitted);
+        }
+        total
+    }
+}
+
+/// `char_count(&omission_marker(omitted))`: `[… `, the digits with a
+/// comma every three, ` chars omitted …]`.
+fn marker_chars(omitted: usize) -> usize {
+    let digits = omitted.checked_ilog10().map_or(1, |d| d as usize + 1);
+    20 + digits + (digits - 1) / 3
+}
+
+/// Mixed into a text's [`message_key`] for its [`SegmentTerms`] entry.
+const SEGMENT_TERMS_KEY: u128 = 0x5E67_3E47_7E25_0000_A5A5_0001_0000_0001;
+
+/// Where each term of a text stands, whatever the query: for each of its
+/// segments (lines, or sentences), each distinct term, in the order the
+/// terms first occur in it, with the byte where it first occurs. What
+/// [`excerpt`] reads of a text; a pure function of it, so cacheable.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SegmentTerms {
+    hits: Vec<SegmentHit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SegmentHit {
+    id: u64,
+    segment: u32,
+    /// Byte offset in the text of the term's first occurrence in the
+    /// segment.
+    at: u32,
+}
+
+impl SegmentTerms {
+    fn of(text: &str, segments: &[(usize, usize)]) -> Self {
+        let base = text.as_ptr() as usize;
+        let mut buf = String::new();
+        // A text repeats its words (a log, a listing): each raw word is
+        // normalised once; stopwords map to no term.
+        let mut slot_of_raw = TermMemo::default();
+        let mut ids: Vec<u64> = Vec::new();
+        // The scan meets segments in order (a term never spans two: no
+        // joiner is whitespace), so a term's hit in the segment being read
+        // is the last one it made, if any.
+        let mut hits: Vec<SegmentHit> = Vec::new();
+        // Per slot: (segment + 1, hit index) of its last hit; 0: none yet.
+        let mut last: Vec<(u32, u32)> = Vec::new();
+        let mut segment = 0usize;
+        for_each_term(text, |raw, kind| {
+            let slot =
+                slot_of_raw.value(raw, packed(raw), || match normalize(raw, kind, &mut buf) {
+                    None => NO_TERM,
+                    Some(term) => {
+                        ids.push(term_id(&term));
+                        buf = term;
+                        (ids.len() - 1) as u32
+                    }
+                });
+            if slot == NO_TERM {
+                return;
+            }
+            let at = raw.as_ptr() as usize - base;
+            while segment + 1 < segments.len() && segments[segment + 1].0 <= at {
+                segment += 1;
+            }
+            let slot = slot as usize;
+            if last.len() <= slot {
+                last.resize(slot + 1, (0, 0));
+            }
+            let (seen_in, hit) = last[slot];
+            if seen_in == segment as u32 + 1 {
+                let hit = &mut hits[hit as usize];
+                hit.at = hit.at.min(at as u32);
+            } else {
+                last[slot] = (segment as u32 + 1, hits.len() as u32);
+                hits.push(SegmentHit {
+                    id: ids[slot],
+                    segment: segment as u32,
+                    at: at as u32,
+                });
+            }
+        });
+        SegmentTerms { hits }
+    }
+
+    /// Approximate bytes held, for a cache's weigher.
+    pub fn weight(&self) -> u32 {
+        u32::try_from(64 + self.hits.len() * std::mem::size_of::<SegmentHit>()).unwrap_or(u32::MAX)
+    }
+}
+
+/// What [`SegmentTerms::of`]'s memo maps a stopword to.
+const NO_TERM: u32 = u32::MAX;
 
 /// Byte ranges of `text`'s lines (without their newline) or sentences
 /// (each with the whitespace after it), covering it in order.
@@ -256,11 +438,46 @@ fn window(text: &str, at: usize, max_chars: usize) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::Strategy;
 
     fn query(words: &[&str]) -> QueryTerms {
         QueryTerms {
             ids: words.iter().map(|w| term_id(w)).collect(),
             weights: vec![1.0; words.len()],
+        }
+    }
+
+    #[test]
+    fn marker_chars_counts_the_marker() {
+        for n in (0..20_000).chain([99_999, 100_000, 999_999, 1_000_000, 12_345_678]) {
+            assert_eq!(marker_chars(n), char_count(&omission_marker(n)), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_layout_counts_what_render_makes() {
+        let texts = [
+            "one\ntwo three\n\nfour\n",
+            "a\n\n\nb",
+            "\n",
+            "First. Second one!  Third?\tfourth",
+            "配送状態。\n配送! 配送\n状態の更新です",
+            "x",
+        ];
+        for text in texts {
+            for by_lines in [true, false] {
+                let segments = split(text, by_lines);
+                let layout = Layout::new(text, &segments, by_lines);
+                for bits in 0..1u32 << segments.len().min(12) {
+                    let chosen: Vec<bool> =
+                        (0..segments.len()).map(|s| bits & (1 << s) != 0).collect();
+                    assert_eq!(
+                        layout.chars(&chosen),
+                        char_count(&render(text, &segments, &chosen, by_lines)),
+                        "{text:?} {by_lines} {chosen:?}"
+                    );
+                }
+            }
         }
     }
 
@@ -305,5 +522,143 @@ mod tests {
         let cut = excerpt(&long, &query(&["halden"]), 100).unwrap();
         assert!(cut.contains("halden") && char_count(&cut) <= 100, "{cut}");
         assert_eq!(excerpt(&text, &query(&["nowhere"]), 120), None);
+    }
+
+    /// The excerpt as it was first written, rendering each try: what
+    /// counting the layout and reading cached [`SegmentTerms`] must match.
+    fn excerpt_by_rendering(text: &str, query: &QueryTerms, max_chars: usize) -> Option<String> {
+        if query.ids.is_empty() || max_chars < MIN_EXCERPT_CHARS || char_count(text) <= max_chars {
+            return None;
+        }
+        let by_lines = text.contains('\n');
+        let segments = split(text, by_lines);
+        // Each segment's matched query terms (a bit each, the first 64) and
+        // weight, and where its first match starts.
+        let mut matched = vec![0u64; segments.len()];
+        let mut score = vec![0.0f64; segments.len()];
+        let mut first_match = vec![usize::MAX; segments.len()];
+        let base = text.as_ptr() as usize;
+        let mut buf = String::new();
+        for_each_term(text, |raw, kind| {
+            let Some(term) = normalize(raw, kind, &mut buf) else {
+                return;
+            };
+            let id = term_id(&term);
+            buf = term;
+            let Some(t) = query.ids.iter().position(|&q| q == id) else {
+                return;
+            };
+            let at = raw.as_ptr() as usize - base;
+            let s = segments.partition_point(|&(start, _)| start <= at) - 1;
+            let bit = 1u64 << (t % 64);
+            if matched[s] & bit == 0 {
+                matched[s] |= bit;
+                score[s] += query.weights.get(t).copied().unwrap_or(1.0);
+            }
+            first_match[s] = first_match[s].min(at);
+        });
+        let mut order: Vec<usize> = (0..segments.len()).filter(|&s| score[s] > 0.0).collect();
+        if order.is_empty() {
+            return None;
+        }
+        order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+
+        let render = |chosen: &[bool]| render(text, &segments, chosen, by_lines);
+        let mut chosen = vec![false; segments.len()];
+        let mut any = false;
+        for &s in order.iter().take(MAX_TRIES) {
+            let unit = unit_of(text, &segments, s, by_lines);
+            let before = chosen.clone();
+            for &u in &unit {
+                chosen[u] = true;
+            }
+            if char_count(&render(&chosen)) > max_chars {
+                chosen = before;
+            } else {
+                any = true;
+            }
+        }
+        if !any {
+            // The best segment alone is too long: a window around its match.
+            let best = order[0];
+            return window(text, first_match[best], max_chars);
+        }
+        // Neighbours of the best segment while they fit: context to read it by.
+        let best = order[0];
+        let (mut lo, mut hi) = (best, best);
+        for _ in 0..MAX_TRIES {
+            let mut grew = false;
+            for next in [hi + 1, lo.wrapping_sub(1)] {
+                if next >= segments.len() || chosen[next] {
+                    continue;
+                }
+                chosen[next] = true;
+                if char_count(&render(&chosen)) > max_chars {
+                    chosen[next] = false;
+                } else {
+                    grew = true;
+                    lo = lo.min(next);
+                    hi = hi.max(next);
+                }
+            }
+            if !grew {
+                break;
+            }
+        }
+        Some(render(&chosen))
+    }
+
+    /// An in-memory cache, for the warm path.
+    #[derive(Default)]
+    struct Map(std::sync::Mutex<std::collections::HashMap<u128, CachedAnalysis>>);
+
+    impl AnalysisCache for Map {
+        fn get(&self, key: u128) -> Option<CachedAnalysis> {
+            self.0.lock().unwrap().get(&key).cloned()
+        }
+        fn put(&self, key: u128, value: CachedAnalysis) {
+            self.0.lock().unwrap().insert(key, value);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(400))]
+        /// Lines, sentences, table rows and repeated words: the excerpt is
+        /// the one rendering every try makes, without a cache, cold and
+        /// warm.
+        #[test]
+        fn counting_and_caching_cut_what_rendering_cut(
+            pieces in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![
+                        "halden", "gate", "code", "7731-KAPPA", "the", "is", "log",
+                        "Halden's", "src/main.rs", "depot", "ERROR", "配送", "a",
+                    ]).prop_map(str::to_owned),
+                    proptest::string::string_regex("[a-z]{1,9}").unwrap(),
+                    proptest::sample::select(vec![
+                        " ", " ", " ", "\n", ". ", "! ", "\n| ", " | ", " |\n", "\n|---|---|\n", "\n\n",
+                    ]).prop_map(str::to_owned),
+                ],
+                0..300,
+            ),
+            asked in proptest::collection::vec(
+                proptest::sample::select(vec!["halden", "gate", "code", "7731-kappa", "log", "depot", "error", "main.rs"]),
+                1..4,
+            ),
+            weights in proptest::collection::vec(0.1f64..3.0, 4),
+            max_chars in 40usize..700,
+        ) {
+            let text = pieces.concat();
+            let query = QueryTerms {
+                ids: asked.iter().map(|w| term_id(w)).collect(),
+                weights: weights[..asked.len()].to_vec(),
+            };
+            let expected = excerpt_by_rendering(&text, &query, max_chars);
+            proptest::prop_assert_eq!(&excerpt(&text, &query, max_chars), &expected);
+            let cache = Map::default();
+            for _ in 0..2 {
+                proptest::prop_assert_eq!(&excerpt_cached(&text, &query, max_chars, &cache), &expected);
+            }
+        }
     }
 }

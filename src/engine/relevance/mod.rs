@@ -53,7 +53,7 @@ pub use analysis::{
     fill, history_keys, message_key, Analysis, AnalysisCache, CachedAnalysis, History,
 };
 pub use context::Alias;
-pub use excerpt::{excerpt, omission_marker, QueryTerms};
+pub use excerpt::{excerpt, excerpt_cached, omission_marker, QueryTerms, SegmentTerms};
 pub use terms::{is_stopword, stem, term_id, terms};
 
 use analysis::HistoryLookup;
@@ -97,6 +97,19 @@ pub fn analyze_cached(
     goal: Option<&str>,
     cache: &dyn AnalysisCache,
 ) -> Relevance {
+    analyze_keyed(messages, goal, cache, None).0
+}
+
+/// [`analyze_cached`], given each message's [`message_key`] when the
+/// caller has them (`keys`), and giving them back when it hashed the
+/// texts (a cache on, a query to score): a request's later stages look
+/// up its messages by the same keys without hashing them again.
+pub fn analyze_keyed(
+    messages: &[Message],
+    goal: Option<&str>,
+    cache: &dyn AnalysisCache,
+    keys: Option<Vec<u128>>,
+) -> (Relevance, Option<Vec<u128>>) {
     let query_index = messages.iter().rposition(|m| m.role == Role::User);
     let mut query = Query::default();
     // The turns the request refers back to: part of the question.
@@ -116,8 +129,12 @@ pub fn analyze_cached(
     // request's cost: the query's terms are counted straight from the
     // text, and a cache that can builds the analyses after the request.
     let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-    let found =
-        (!query.terms.is_empty() && cache.enabled()).then(|| HistoryLookup::new(&texts, cache));
+    let mut keys = keys;
+    let found = (!query.terms.is_empty() && cache.enabled())
+        .then(|| HistoryLookup::new(&texts, keys.take(), cache));
+    if let Some(lookup) = &found {
+        keys = Some(lookup.keys().to_vec());
+    }
     let count_directly = match &found {
         None => true,
         Some(lookup) => {
@@ -151,12 +168,13 @@ pub fn analyze_cached(
         if let Some(q) = query_index {
             relevance[q] = 1.0;
         }
-        return Relevance {
+        let found = Relevance {
             query_terms: Vec::new(),
             query_index,
             relevance,
             query: QueryTerms::default(),
         };
+        return (found, keys);
     }
 
     // Each document's length and query-term counts, from its analysis.
@@ -187,7 +205,17 @@ pub fn analyze_cached(
         .collect();
     let mut subject_tf = vec![0u32; subjects.len() * terms];
     let mut subject_length = vec![0u32; subjects.len()];
-    if !subjects.is_empty() {
+    if analyses.is_some() {
+        // A warm turn: a subject's analysis is cached as a text's (the
+        // same function of the same text), so an old call's arguments
+        // cost a lookup, not a scan.
+        for (k, &i) in subjects.iter().enumerate() {
+            let counts = &mut subject_tf[k * terms..(k + 1) * terms];
+            let analysis = analysis::cached(&messages[i].subject, cache);
+            subject_length[k] = analysis.length;
+            query.count_in(&analysis, counts);
+        }
+    } else if !subjects.is_empty() {
         let mut counter = QueryCounter::new(&query);
         for (k, &i) in subjects.iter().enumerate() {
             let counts = &mut subject_tf[k * terms..(k + 1) * terms];
@@ -272,10 +300,11 @@ pub fn analyze_cached(
     let ids = query.ids.clone();
     let mut query_terms: Vec<String> = query.terms.into_iter().map(|(t, _)| t).collect();
     query_terms.sort_unstable();
-    Relevance {
+    let found = Relevance {
         query_terms,
         query_index,
         relevance,
         query: QueryTerms { ids, weights },
-    }
+    };
+    (found, keys)
 }

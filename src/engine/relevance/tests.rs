@@ -509,3 +509,43 @@ fn the_same_input_gives_the_same_bits() {
     assert_eq!(a, b);
     assert!(a.relevance.iter().all(|r| (0.0..=1.0).contains(r)));
 }
+
+/// A warm turn reads tool results' subjects (their calls' names and
+/// arguments) from cached analyses: the same relevance as counting them
+/// from the text.
+#[test]
+fn subjects_read_from_the_cache_score_as_counted_from_the_text() {
+    let store = crate::analysis_store::AnalysisStore::new(1 << 20);
+    let with_subject = |role, text: &str, subject: &str| {
+        let mut m = Message::new(role, text);
+        m.subject = subject.to_owned();
+        m
+    };
+    let mut turn = vec![
+        Message::new(Role::User, "Check the billing limits."),
+        with_subject(
+            Role::Tool,
+            "max_connections = 640",
+            "read_file {\"path\": \"deploy/billing/limits.toml\"}\n",
+        ),
+        with_subject(
+            Role::Tool,
+            "max_connections = 80",
+            "read_file {\"path\": \"deploy/audit/limits.toml\"}\n",
+        ),
+        Message::new(Role::User, "What is max_connections for billing?"),
+    ];
+    // The first turn fills the store (outside a runtime, during the call).
+    assert_eq!(analyze_cached(&turn, None, &store), analyze(&turn, None));
+    turn.push(Message::new(Role::Assistant, "640."));
+    turn.push(with_subject(
+        Role::Tool,
+        "timeout = 30s",
+        "read_file {\"path\": \"deploy/billing/limits.toml\"}\n",
+    ));
+    turn.push(Message::new(
+        Role::User,
+        "And the billing timeout in limits.toml?",
+    ));
+    assert_eq!(analyze_cached(&turn, None, &store), analyze(&turn, None));
+}
