@@ -132,6 +132,10 @@ measure mediumnew64 "$WRK_THREADS" "$CONNECTIONS" "$BODIES/medium-new.json" 1
 measure small1 1 1 "$BODIES/small.json" 0
 measure large1 1 1 "$BODIES/large.json" 1
 measure largenew1 1 1 "$BODIES/large-allnew.json" 1
+# Compactions under concurrency: a new last message (the outcome cache cannot
+# answer, the history's kept word lists can), then every message new (neither can).
+measure large16 "$WRK_THREADS" 16 "$BODIES/large.json" 1
+measure largenew16 "$WRK_THREADS" 16 "$BODIES/large-allnew.json" 1
 if [[ "$PERF" == 1 ]]; then
   profile_proxy proxy "$PROXY_PID" perf
   [[ -z "${BASELINE_BIN:-}" ]] || profile_proxy baseline "$BASELINE_PID" perf-baseline
@@ -172,6 +176,8 @@ added() { awk -v a="${RESULT[$1]}" -v o="${RESULT[$2]}" 'BEGIN { printf "%+.2f m
   row "same, p99 added" large1 p99 added
   row "200 KB body, every message new every request (compacted; a history never seen), 1 connection, p50 added" largenew1 p50 added
   row "same, p99 added" largenew1 p99 added
+  row "200 KB body, a new last message every request (compacted; the history as the request before), 16 connections" large16 rps rps
+  row "200 KB body, every message new every request (compacted cold), 16 connections" largenew16 rps rps
   echo
   echo "errors (socket errors + non-2xx, all runs): $ERRORS; the origin column of latency rows is the origin's own figure"
   echo
