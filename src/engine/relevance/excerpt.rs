@@ -72,45 +72,84 @@ pub fn excerpt_cached(
     } else {
         Arc::new(SegmentTerms::of(text, &segments))
     };
+    // The hits come in scan order within each segment, so the weights add
+    // up in the order a scan of the text meets them.
+    let hits = terms
+        .hits
+        .iter()
+        .map(|hit| (hit.id, hit.segment as usize, hit.at as usize));
+    let (order, first_match) = score_segments(query, segments.len(), hits)?;
+    // Each try is measured by counting, not rendering: the excerpt is
+    // rendered once, when chosen.
+    let layout = Layout::new(text, &segments, by_lines);
+    choose(
+        text,
+        &segments,
+        by_lines,
+        &order,
+        &first_match,
+        max_chars,
+        |chosen| layout.chars(chosen),
+    )
+}
+
+/// The segments holding a query term, best first (by the weight of the
+/// distinct query terms each holds, then by position), and where each
+/// segment's first match starts; `None` when no segment matches. `hits`:
+/// (term id, segment, byte offset), in scan order.
+fn score_segments(
+    query: &QueryTerms,
+    segments: usize,
+    hits: impl Iterator<Item = (u64, usize, usize)>,
+) -> Option<(Vec<usize>, Vec<usize>)> {
     // Each segment's matched query terms (a bit each, the first 64) and
-    // weight, and where its first match starts: the hits come in scan
-    // order within each segment, so the weights add up in that order.
-    let mut matched = vec![0u64; segments.len()];
-    let mut score = vec![0.0f64; segments.len()];
-    let mut first_match = vec![usize::MAX; segments.len()];
-    for hit in &terms.hits {
-        let Some(t) = query.ids.iter().position(|&q| q == hit.id) else {
+    // weight.
+    let mut matched = vec![0u64; segments];
+    let mut score = vec![0.0f64; segments];
+    let mut first_match = vec![usize::MAX; segments];
+    for (id, s, at) in hits {
+        let Some(t) = query.ids.iter().position(|&q| q == id) else {
             continue;
         };
-        let s = hit.segment as usize;
         let bit = 1u64 << (t % 64);
         if matched[s] & bit == 0 {
             matched[s] |= bit;
             score[s] += query.weights.get(t).copied().unwrap_or(1.0);
         }
-        first_match[s] = first_match[s].min(hit.at as usize);
+        first_match[s] = first_match[s].min(at);
     }
-    let mut order: Vec<usize> = (0..segments.len()).filter(|&s| score[s] > 0.0).collect();
+    let mut order: Vec<usize> = (0..segments).filter(|&s| score[s] > 0.0).collect();
     if order.is_empty() {
         return None;
     }
     order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+    Some((order, first_match))
+}
 
-    // Each try is measured by counting, not rendering: the excerpt is
-    // rendered once, when chosen.
-    let layout = Layout::new(text, &segments, by_lines);
+/// The excerpt of the segments in `order` (non-empty) that fit in
+/// `max_chars` as `chars` counts a choice, then their neighbours while
+/// they fit; a window around the best one's first match when none fits.
+fn choose(
+    text: &str,
+    segments: &[(usize, usize)],
+    by_lines: bool,
+    order: &[usize],
+    first_match: &[usize],
+    max_chars: usize,
+    chars: impl Fn(&[bool]) -> usize,
+) -> Option<String> {
     let mut chosen = vec![false; segments.len()];
     let mut any = false;
     let mut added = Vec::new();
     for &s in order.iter().take(MAX_TRIES) {
         added.clear();
-        for u in unit_of(text, &segments, s, by_lines) {
+        for u in unit_of(text, segments, s, by_lines) {
             if !chosen[u] {
                 chosen[u] = true;
                 added.push(u);
             }
         }
-        if layout.chars(&chosen) > max_chars {
+        if chars(&chosen) > max_chars {
             for &u in &added {
                 chosen[u] = false;
             }
@@ -118,13 +157,12 @@ pub fn excerpt_cached(
             any = true;
         }
     }
+    let best = order[0];
     if !any {
         // The best segment alone is too long: a window around its match.
-        let best = order[0];
         return window(text, first_match[best], max_chars);
     }
     // Neighbours of the best segment while they fit: context to read it by.
-    let best = order[0];
     let (mut lo, mut hi) = (best, best);
     for _ in 0..MAX_TRIES {
         let mut grew = false;
@@ -133,7 +171,7 @@ pub fn excerpt_cached(
                 continue;
             }
             chosen[next] = true;
-            if layout.chars(&chosen) > max_chars {
+            if chars(&chosen) > max_chars {
                 chosen[next] = false;
             } else {
                 grew = true;
@@ -145,7 +183,7 @@ pub fn excerpt_cached(
             break;
         }
     }
-    Some(render(text, &segments, &chosen, by_lines))
+    Some(render(text, segments, &chosen, by_lines))
 }
 
 /// What [`render`] makes of each segment, to count an excerpt's chars
@@ -524,88 +562,39 @@ mod tests {
         assert_eq!(excerpt(&text, &query(&["nowhere"]), 120), None);
     }
 
-    /// The excerpt as it was first written, rendering each try: what
-    /// counting the layout and reading cached [`SegmentTerms`] must match.
+    /// The excerpt as it was first written: every occurrence of every
+    /// term found by scanning the text, and each try rendered and counted.
+    /// What counting the layout and reading cached [`SegmentTerms`] must
+    /// match.
     fn excerpt_by_rendering(text: &str, query: &QueryTerms, max_chars: usize) -> Option<String> {
         if query.ids.is_empty() || max_chars < MIN_EXCERPT_CHARS || char_count(text) <= max_chars {
             return None;
         }
         let by_lines = text.contains('\n');
         let segments = split(text, by_lines);
-        // Each segment's matched query terms (a bit each, the first 64) and
-        // weight, and where its first match starts.
-        let mut matched = vec![0u64; segments.len()];
-        let mut score = vec![0.0f64; segments.len()];
-        let mut first_match = vec![usize::MAX; segments.len()];
         let base = text.as_ptr() as usize;
         let mut buf = String::new();
+        let mut hits = Vec::new();
         for_each_term(text, |raw, kind| {
             let Some(term) = normalize(raw, kind, &mut buf) else {
                 return;
             };
             let id = term_id(&term);
             buf = term;
-            let Some(t) = query.ids.iter().position(|&q| q == id) else {
-                return;
-            };
             let at = raw.as_ptr() as usize - base;
             let s = segments.partition_point(|&(start, _)| start <= at) - 1;
-            let bit = 1u64 << (t % 64);
-            if matched[s] & bit == 0 {
-                matched[s] |= bit;
-                score[s] += query.weights.get(t).copied().unwrap_or(1.0);
-            }
-            first_match[s] = first_match[s].min(at);
+            hits.push((id, s, at));
         });
-        let mut order: Vec<usize> = (0..segments.len()).filter(|&s| score[s] > 0.0).collect();
-        if order.is_empty() {
-            return None;
-        }
-        order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
-
-        let render = |chosen: &[bool]| render(text, &segments, chosen, by_lines);
-        let mut chosen = vec![false; segments.len()];
-        let mut any = false;
-        for &s in order.iter().take(MAX_TRIES) {
-            let unit = unit_of(text, &segments, s, by_lines);
-            let before = chosen.clone();
-            for &u in &unit {
-                chosen[u] = true;
-            }
-            if char_count(&render(&chosen)) > max_chars {
-                chosen = before;
-            } else {
-                any = true;
-            }
-        }
-        if !any {
-            // The best segment alone is too long: a window around its match.
-            let best = order[0];
-            return window(text, first_match[best], max_chars);
-        }
-        // Neighbours of the best segment while they fit: context to read it by.
-        let best = order[0];
-        let (mut lo, mut hi) = (best, best);
-        for _ in 0..MAX_TRIES {
-            let mut grew = false;
-            for next in [hi + 1, lo.wrapping_sub(1)] {
-                if next >= segments.len() || chosen[next] {
-                    continue;
-                }
-                chosen[next] = true;
-                if char_count(&render(&chosen)) > max_chars {
-                    chosen[next] = false;
-                } else {
-                    grew = true;
-                    lo = lo.min(next);
-                    hi = hi.max(next);
-                }
-            }
-            if !grew {
-                break;
-            }
-        }
-        Some(render(&chosen))
+        let (order, first_match) = score_segments(query, segments.len(), hits.into_iter())?;
+        choose(
+            text,
+            &segments,
+            by_lines,
+            &order,
+            &first_match,
+            max_chars,
+            |chosen| char_count(&render(text, &segments, chosen, by_lines)),
+        )
     }
 
     /// An in-memory cache, for the warm path.
