@@ -255,13 +255,13 @@ impl HistoryLookup {
         }
     }
 
-    /// The analysis of each text, from the cache where it has them; what
-    /// it lacks is made and added, with the history's own entry.
     /// Each message's [`message_key`].
     pub(super) fn keys(&self) -> &[u128] {
         &self.keys
     }
 
+    /// The analysis of each text, from the cache where it has them; what
+    /// it lacks is made and added, with the history's own entry.
     pub(super) fn analyses(self, texts: &[&str], cache: &dyn AnalysisCache) -> Analyses {
         let mut analyzer = Analyzer::default();
         let (earlier, earlier_key) = match self.earlier {
