@@ -96,20 +96,18 @@ impl CompactionCache {
     /// is often a slice of a larger buffer (hyper's read buffer), which an
     /// entry weighed by the body's length must not hold on to.
     pub fn insert(&self, key: CacheKey, input: &[u8], outcome: Arc<Outcome>) {
-        let Some(entries) = &self.entries else { return };
-        if outcome.rewritten.is_none() {
-            let slot = &self.seen_once[key.0 as usize % SEEN_ONCE_SLOTS];
-            if slot.swap(key.0, Ordering::Relaxed) != key.0 {
-                return;
-            }
-        }
-        let input = Bytes::copy_from_slice(input);
-        entries.insert(key.0, Arc::new(Entry { input, outcome }));
+        self.insert_with(key, outcome, || Bytes::copy_from_slice(input));
     }
 
     /// [`Self::insert`], keeping `shared` (a copy of `input`'s bytes made
     /// for another store too) rather than a copy of its own.
     pub fn insert_shared(&self, key: CacheKey, shared: &Bytes, outcome: Arc<Outcome>) {
+        self.insert_with(key, outcome, || shared.clone());
+    }
+
+    /// The insert both share: `input` gives the entry's bytes, asked for
+    /// only when the entry is kept.
+    fn insert_with(&self, key: CacheKey, outcome: Arc<Outcome>, input: impl FnOnce() -> Bytes) {
         let Some(entries) = &self.entries else { return };
         if outcome.rewritten.is_none() {
             let slot = &self.seen_once[key.0 as usize % SEEN_ONCE_SLOTS];
@@ -117,7 +115,7 @@ impl CompactionCache {
                 return;
             }
         }
-        let input = shared.clone();
+        let input = input();
         entries.insert(key.0, Arc::new(Entry { input, outcome }));
     }
 
