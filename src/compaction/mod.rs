@@ -609,8 +609,7 @@ fn loss_counted(
 ) -> LossSummary {
     use engine::text::char_count;
     let item_chars = |i: usize| text_chars[i] + conversation.items[i].fixed_chars;
-    let input_chars =
-        conversation.outside_chars + (0..conversation.items.len()).map(item_chars).sum::<usize>();
+    let input_chars = conversation.total_chars_of(text_chars);
     let mut output_chars = conversation.outside_chars;
     let mut trimmed = 0;
     let mut stripped_thinking = 0;

@@ -174,6 +174,18 @@ impl Conversation {
     pub fn total_chars(&self) -> usize {
         self.outside_chars + self.items.iter().map(Item::chars).sum::<usize>()
     }
+
+    /// [`Conversation::total_chars`], given the chars of each item's text
+    /// (counted once and kept, as a resumed parse keeps them).
+    pub fn total_chars_of(&self, text_chars: &[usize]) -> usize {
+        debug_assert_eq!(text_chars.len(), self.items.len());
+        self.outside_chars
+            + text_chars
+                .iter()
+                .zip(&self.items)
+                .map(|(chars, m)| chars + m.fixed_chars)
+                .sum::<usize>()
+    }
 }
 
 /// One item of the compacted array.

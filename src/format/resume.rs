@@ -201,14 +201,7 @@ impl Parsed<'_> {
     /// Chars of everything that counts toward the budget
     /// ([`super::Conversation::total_chars`], from the counts kept).
     pub fn total_chars(&self) -> usize {
-        let items = &self.conversation.items;
-        self.conversation.outside_chars
-            + self
-                .text_chars()
-                .iter()
-                .zip(items)
-                .map(|(chars, m)| chars + m.fixed_chars)
-                .sum::<usize>()
+        self.conversation.total_chars_of(self.text_chars())
     }
 
     /// Per item, a 128-bit hash of its bytes and of every item's before
@@ -422,9 +415,9 @@ pub const MIN_SNAPSHOT_BYTES: usize = 32 * 1024;
 impl Snapshot {
     /// The snapshot of a parse (by move: nothing is copied but the
     /// prefix's bytes), `None` when the parse's after-passes may have
-    /// changed its items, or it holds no items. Its bytes are a slice of `body` when given: a copy of the parsed
-    /// body's bytes (the caller's word, checked in debug builds), shared
-    /// with another store.
+    /// changed its items, or it holds no items. Its bytes are a slice of
+    /// `body` when given: a copy of the parsed body's bytes (the caller's
+    /// word, checked in debug builds), shared with another store.
     pub(crate) fn of(
         parsed: Parsed<'_>,
         state: ReadState,
