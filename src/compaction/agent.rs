@@ -179,13 +179,9 @@ impl AgentEdits {
         out
     }
 
-    /// Chars the dedupe and prune passes removed from item `i`'s text.
-    pub fn text_saving(&self, conversation: &Conversation, i: usize) -> (usize, usize) {
-        self.text_saving_of(char_count(&conversation.items[i].text), i)
-    }
-
-    /// [`Self::text_saving`], given the chars of item `i`'s text.
-    pub fn text_saving_of(&self, text_chars: usize, i: usize) -> (usize, usize) {
+    /// Chars the dedupe and prune passes removed from item `i`'s text
+    /// (`text_chars` chars long), as (pruned, deduped).
+    pub fn text_saving(&self, text_chars: usize, i: usize) -> (usize, usize) {
         match self.texts.get(&i) {
             None => (0, 0),
             Some(edit) => {

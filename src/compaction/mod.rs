@@ -462,11 +462,8 @@ pub fn run_passes_decided(
     let mut found = None;
     let mut keys = None;
     if policy.agent.any_pass() && conversation.total_chars() > policy.engine.budget_chars {
-        (found, keys) =
-            match protect_relevant_keyed(conversation, &messages, policy, &mut protected) {
-                Some((found, keys)) => (Some(found), keys),
-                None => (None, None),
-            };
+        (found, keys) = protect_relevant_keyed(conversation, &messages, policy, &mut protected)
+            .map_or((None, None), |(found, keys)| (Some(found), keys));
     }
     let decided = decided.filter(|d| d.dropped.len() == conversation.items.len());
     let with_decisions;
@@ -633,7 +630,7 @@ fn loss_counted(
                 chars = chars - char_count(&old.arguments) + char_count(args);
             }
         }
-        let (p_chars, d_chars) = edits.text_saving_of(text_chars[p.index], p.index);
+        let (p_chars, d_chars) = edits.text_saving(text_chars[p.index], p.index);
         pruned += p_chars;
         deduped += d_chars;
         clipped += edits.clip_saving(conversation, p.index);
