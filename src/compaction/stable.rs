@@ -1049,9 +1049,10 @@ impl<'a> Replay<'a> {
                     || e.kept as usize != self.full_chars(e)
             })
             .collect();
-        // Relevance to the form's latest request, like the engine's below.
+        // Relevance to the form's latest request, like the engine's below
+        // (seed scoring has none: its messages are not built).
         let mut found = None;
-        if self.policy.agent.any_pass() && form.total_chars() > target {
+        if self.scores_relevance() && self.policy.agent.any_pass() && form.total_chars() > target {
             // A tool result is scored with its call, as in exact mode.
             let messages: Vec<Message> = form
                 .items

@@ -392,6 +392,9 @@ pub(super) fn read_words(
             // while they come in.
             let bytes: usize = texts.iter().map(|t| t.len()).sum();
             memo.vocab = Vocabulary::with_capacity(bytes / 32);
+            memo.ids.reserve(bytes / 8);
+            memo.counts.reserve(bytes / 8);
+            memo.texts.reserve(texts.len());
         }
         memo.begin();
     }
