@@ -11,7 +11,8 @@
 #   PROXY_BIN=/tmp/old BASELINE_BIN=target/release/compaction-proxy scripts/load/instructions.sh
 #
 # Environment: BODY (small, medium, large; default small), VARY (1: every
-# request body different), CONNECTIONS (default 4), SECONDS_ (measured run,
+# request body different), CONNECTIONS (default 4), POLICY_EXTRA (lines
+# added to the default policy, e.g. 'mode = "exact"'), SECONDS_ (measured run,
 # default 10; under callgrind the proxy serves ~1,000 small requests a
 # second), TOP (functions listed, default 25), BASELINE_BIN (a second binary
 # counted the same way, printed beside), and those of lib.sh.
@@ -23,6 +24,7 @@ VARY="${VARY:-0}"
 CONNECTIONS="${CONNECTIONS:-4}"
 SECONDS_="${SECONDS_:-10}"
 TOP="${TOP:-25}"
+POLICY_EXTRA="${POLICY_EXTRA:-}"
 
 raise_fd_limit
 ensure_tools
@@ -55,6 +57,7 @@ url = "http://127.0.0.1:$ORIGIN_PORT"
 
 [policies.default]
 budget_chars = 100000
+$POLICY_EXTRA
 CONF
   start_bg "$label" valgrind --tool=callgrind --callgrind-out-file="$out" \
     "$binary" serve --config "$RUN_DIR/$label.toml"

@@ -763,4 +763,63 @@ mod tests {
         let edits = passes(&policy(ScoringMethod::Relevance(knobs)));
         assert!(edits.texts.contains_key(&2));
     }
+
+    /// Checkpoints in a map: what the proxy's store keeps.
+    #[derive(Default)]
+    struct MapCheckpoints(
+        std::sync::Mutex<std::collections::HashMap<u128, std::sync::Arc<stable::ReplayState>>>,
+    );
+
+    impl stable::Checkpoints for MapCheckpoints {
+        fn get(&self, key: u128) -> Option<std::sync::Arc<stable::ReplayState>> {
+            self.0.lock().unwrap().get(&key).cloned()
+        }
+        fn put(&self, key: u128, state: std::sync::Arc<stable::ReplayState>) {
+            self.0.lock().unwrap().insert(key, state);
+        }
+    }
+
+    #[test]
+    fn a_retried_last_message_resumes_from_the_previous_turn() {
+        // Forty turns that re-compact several times on the way, then a
+        // question; the retry asks it again in other words.
+        let body = |question: &str| {
+            let mut messages: Vec<serde_json::Value> = (0..40)
+                .map(|i| {
+                    let role = if i % 2 == 0 { "user" } else { "assistant" };
+                    let text = format!("turn {i}: {}", numbered(12, &format!("word{}", i % 7)));
+                    serde_json::json!({"role": role, "content": text})
+                })
+                .collect();
+            messages.push(serde_json::json!({"role": "user", "content": question}));
+            serde_json::json!({"model": "m", "messages": messages}).to_string()
+        };
+        let mut policy = CompiledPolicy::plain("t", engine::Policy::with_budget(1_500));
+        policy.mode = crate::config::Mode::Stable;
+        let kept = MapCheckpoints::default();
+        let first = body("What did turn 3 say?");
+        let first = crate::format::Format::Chat
+            .parse(first.as_bytes(), usize::MAX)
+            .unwrap();
+        let info = compact(&first, &policy, &kept).stable.unwrap();
+        assert_eq!(info.resumed, Some(false));
+        assert!(info.recompactions > 1, "{info:?}");
+
+        let retry = body("Which words did the third turn use?");
+        let retry = crate::format::Format::Chat
+            .parse(retry.as_bytes(), usize::MAX)
+            .unwrap();
+        let warm = compact(&retry, &policy, &kept);
+        let cold = compact(&retry, &policy, &stable::NoCheckpoints);
+        let (warm_info, cold_info) = (warm.stable.unwrap(), cold.stable.unwrap());
+        assert_eq!(warm_info.resumed, Some(true), "{warm_info:?}");
+        assert_eq!(
+            (warm_info.stable_messages, warm_info.rebased),
+            (cold_info.stable_messages, cold_info.rebased)
+        );
+        assert_eq!(
+            retry.splice(warm.plan.as_ref().unwrap()),
+            retry.splice(cold.plan.as_ref().unwrap())
+        );
+    }
 }

@@ -31,6 +31,8 @@ use std::borrow::Cow;
 
 use super::agent::{self, AgentEdits, TextEdit};
 use super::tokens::Encoding;
+use crate::analysis_store::AnalysisStore;
+use crate::engine::word_lists::WithTextWords;
 use crate::engine::{self, text::char_count, text::char_prefix, Message};
 use crate::format::{Conversation, Parsed, Plan, Planned, Reasoning};
 use crate::policy::CompiledPolicy;
@@ -219,7 +221,10 @@ pub fn replay(
     let mut resumed = false;
     for (u, key) in keys.iter().enumerate().rev() {
         if let Some(found) = checkpoints.get(*key) {
-            if replay.valid(&found, units[u]) {
+            // A state no request ended at (kept where a replay passed its
+            // previous turn) has no report of its own: it serves a replay
+            // that passes its own previous turn after it.
+            if replay.valid(&found, units[u]) && (found.turn.is_some() || units[u] <= prev_turn) {
                 state = (*found).clone();
                 resumed = true;
                 break;
@@ -270,6 +275,21 @@ pub fn replay(
     for &end in units.iter().filter(|&&e| e > resume_at) {
         if state.replayed == prev_turn && at_prev_turn.is_none() {
             at_prev_turn = Some(state.entries.clone());
+            // The state at the previous turn is kept too: a retry, or a
+            // last message edited, resumes from it instead of replaying
+            // from the start (only the final state is kept otherwise).
+            if let Ok(u) = units.binary_search(&prev_turn) {
+                checkpoints.put(
+                    keys[u],
+                    Arc::new(ReplayState {
+                        entries: state.entries.clone(),
+                        replayed: state.replayed,
+                        turn: None,
+                        recompacted: state.recompacted,
+                        texts: replay.texts.borrow().clone(),
+                    }),
+                );
+            }
         }
         let fresh = state.entries.len();
         protected_chars += replay.protected_chars(state.replayed..end);
@@ -499,6 +519,9 @@ struct Replay<'a> {
     texts: std::cell::RefCell<Vec<Arc<str>>>,
     /// Chars of each item's text ([`Parsed::text_chars`]).
     text_chars: &'a [usize],
+    /// The policy's caches, and the words of every text an engine run of
+    /// this replay read: the next re-compaction's form holds most of them.
+    caches: WithTextWords<'a, AnalysisStore>,
 }
 
 /// A re-compaction frees room for this many units like the recent ones.
@@ -545,6 +568,7 @@ impl<'a> Replay<'a> {
             tokens,
             texts: Default::default(),
             text_chars: parsed.text_chars(),
+            caches: WithTextWords::new(&policy.analyses),
         }
     }
 
@@ -964,7 +988,7 @@ impl<'a> Replay<'a> {
             .collect();
         let mut policy = self.policy.engine.clone();
         policy.budget_chars = target;
-        let report = engine::compact_cached(&messages, &policy, &*self.policy.analyses);
+        let report = engine::compact_cached(&messages, &policy, &self.caches);
         report
             .messages
             .iter()
@@ -1025,9 +1049,10 @@ impl<'a> Replay<'a> {
                     || e.kept as usize != self.full_chars(e)
             })
             .collect();
-        // Relevance to the form's latest request, like the engine's below.
+        // Relevance to the form's latest request, like the engine's below
+        // (seed scoring has none: its messages are not built).
         let mut found = None;
-        if self.policy.agent.any_pass() && form.total_chars() > target {
+        if self.scores_relevance() && self.policy.agent.any_pass() && form.total_chars() > target {
             // A tool result is scored with its call, as in exact mode.
             let messages: Vec<Message> = form
                 .items

@@ -195,6 +195,17 @@ impl Vocabulary {
         id
     }
 
+    /// Appends word `id` of `other` as this vocabulary's next word, and
+    /// returns its id here, without indexing it: for a vocabulary whose
+    /// words are all found in `other` and only taken from there (a run's,
+    /// beside [`super::word_lists::TextWords`]); interning into it would
+    /// not find them.
+    pub(super) fn push_from(&mut self, other: &Vocabulary, id: u32) -> u32 {
+        let start = self.text.len();
+        self.text.push_str(other.word(id));
+        self.push_span(start, other.word_chars(id), other.packed(id))
+    }
+
     /// Word `id` packed by [`pack`], or 0 when it is too long to pack: word
     /// lists keep words by it (see [`super::word_lists`]).
     pub(super) fn packed(&self, id: u32) -> u128 {
@@ -398,9 +409,53 @@ fn alphanumeric_bits(bytes: &[u8], at: usize) -> u64 {
         }
     };
     let mut bits = 0;
-    for (k, eight) in block.chunks_exact(8).enumerate() {
+    for (k, sixteen) in block.chunks_exact(16).enumerate() {
+        #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+        // SAFETY: the function needs SSE2 only, which this build's target
+        // has (every x86-64 does).
+        let sixteen = unsafe { alphanumeric_bits_16(sixteen) };
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+        let sixteen = alphanumeric_bits_16(sixteen);
+        bits |= u64::from(sixteen) << (16 * k);
+    }
+    bits
+}
+
+/// One bit per byte of `sixteen` (16 ASCII bytes), set for a letter or
+/// digit: with SSE2 (every x86-64), a byte is a digit when `b - '0'` is at
+/// most 9 unsigned and a letter when `(b | 0x20) - 'a'` is at most 25, for
+/// all sixteen at once.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[target_feature(enable = "sse2")]
+#[inline]
+fn alphanumeric_bits_16(sixteen: &[u8]) -> u16 {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+        _mm_set_epi64x, _mm_sub_epi8,
+    };
+    let half = |at: usize| {
+        let eight = sixteen.get(at..at + 8).unwrap_or_default();
+        u64::from_le_bytes(eight.try_into().unwrap_or_default()) as i64
+    };
+    let v = _mm_set_epi64x(half(8), half(0));
+    let digit = _mm_sub_epi8(v, _mm_set1_epi8(b'0' as i8));
+    let digit = _mm_cmpeq_epi8(_mm_min_epu8(digit, _mm_set1_epi8(9)), digit);
+    let letter = _mm_sub_epi8(
+        _mm_or_si128(v, _mm_set1_epi8(0x20)),
+        _mm_set1_epi8(b'a' as i8),
+    );
+    let letter = _mm_cmpeq_epi8(_mm_min_epu8(letter, _mm_set1_epi8(25)), letter);
+    _mm_movemask_epi8(_mm_or_si128(digit, letter)) as u16
+}
+
+/// [`alphanumeric_bits_16`] eight bytes at a time (SWAR), elsewhere.
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+#[inline(always)]
+fn alphanumeric_bits_16(sixteen: &[u8]) -> u16 {
+    let mut bits = 0;
+    for (k, eight) in sixteen.chunks_exact(8).enumerate() {
         let v = u64::from_le_bytes(eight.try_into().unwrap_or_default());
-        bits |= gather_high_bits(ascii_alphanumeric(v)) << (8 * k);
+        bits |= (gather_high_bits(ascii_alphanumeric(v)) as u16) << (8 * k);
     }
     bits
 }
@@ -779,6 +834,18 @@ mod tests {
         let mut ids = Vec::new();
         vocab.words_of(&words.join(" "), &mut ids);
         assert_eq!(ids, (0..200).collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn every_ascii_byte_is_classed_as_the_spec_classes_it() {
+        for b in 0u8..0x80 {
+            for at in 0..64 {
+                let mut block = [b' '; 64];
+                block[at] = b;
+                let want = u64::from(b.is_ascii_alphanumeric()) << at;
+                assert_eq!(alphanumeric_bits(&block, 0), want, "{b:#x} at {at}");
+            }
+        }
     }
 
     #[test]

@@ -15,9 +15,11 @@
 //! gives every word the id that reading the texts would (ids go to words in
 //! the order first seen), so the report is the same with a cache or none.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::relevance::{history_keys, message_key};
+use super::relevance::{history_keys, message_key, AnalysisCache, CachedAnalysis};
 use super::text::{Vocabulary, WordSets};
 
 /// How far back from a history's end its earlier turn is looked for: a
@@ -88,6 +90,12 @@ impl HistoryWords {
                 }
             }
         }
+        self.restore_lists(counts, sets);
+    }
+
+    /// Puts the counts and sets back (into empty ones), their ids those
+    /// of the restored vocabulary.
+    fn restore_lists(&self, counts: &mut Vec<u32>, sets: &mut Vec<Vec<u32>>) {
         counts.clear();
         counts.extend_from_slice(&self.counts);
         let mut start = 0;
@@ -145,6 +153,216 @@ pub trait WordListCache {
     /// Drops an entry: the previous turn's, once the new turn's holds all
     /// it held.
     fn remove_history_words(&self, key: u128);
+    /// The words of texts earlier engine runs of this compaction read
+    /// ([`TextWords`]), when it keeps them; `None`: every run reads its
+    /// texts.
+    fn text_words(&self) -> Option<&RefCell<TextWords>> {
+        None
+    }
+}
+
+/// What reading each text gave, kept for one compaction's later engine
+/// runs: stable mode's replay runs the engine on form after form (each
+/// re-compaction, each of its tries), and every form holds most of the
+/// texts of the one before. The texts' words are interned once, in a
+/// vocabulary of its own; a text's entry is its distinct words (ids there)
+/// in the order first seen, with their occurrences. A run's own vocabulary
+/// takes each word from it the first time the run meets it, by id (an
+/// array read, no hashing and no scan), in the order its texts name them:
+/// which gives every word the id, and every count, that reading the texts
+/// would.
+#[derive(Default)]
+pub struct TextWords {
+    /// Every word of the texts read.
+    vocab: Vocabulary,
+    /// By [`message_key`] of the text: its words' range in `ids` and
+    /// `counts`.
+    texts: HashMap<u128, (u32, u32), foldhash::fast::RandomState>,
+    /// Each text's distinct words, end to end, by id in `vocab`.
+    ids: Vec<u32>,
+    /// Each word's occurrences in its text.
+    counts: Vec<u32>,
+    /// The run's id of each word of `vocab`, valid when stamped with the
+    /// current run.
+    run_ids: Vec<(u32, u32)>,
+    run: u32,
+    /// Reads new texts into `vocab`.
+    reader: Reader,
+    /// Each word's occurrences in the text being read, by id (zeros
+    /// between texts).
+    occurrences: Vec<u32>,
+}
+
+/// Words of texts a [`TextWords`] holds at most, 8 bytes each: past it,
+/// new texts are read every run (a body of several megabytes).
+const TEXT_WORDS_MAX: usize = 1 << 21;
+
+impl TextWords {
+    /// Starts a run: its vocabulary is empty.
+    fn begin(&mut self) {
+        self.run = self.run.wrapping_add(1);
+        if self.run == 0 {
+            // After 2^32 runs, stale stamps could match again.
+            self.run_ids.fill((0, 0));
+            self.run = 1;
+        }
+    }
+
+    /// The run's id of word `id` of the kept vocabulary, appended to the
+    /// run's `vocab` the first time.
+    fn run_id(&mut self, id: u32, vocab: &mut Vocabulary) -> u32 {
+        self.run_ids.resize(self.vocab.len(), (0, 0));
+        let slot = &mut self.run_ids[id as usize];
+        if slot.0 != self.run {
+            *slot = (self.run, vocab.push_from(&self.vocab, id));
+        }
+        slot.1
+    }
+
+    /// The word set of `text` (keyed `key`) in the run's `vocab`, its
+    /// words' occurrences added to `counts` (grown to at least the
+    /// vocabulary's length); read and kept unless kept already.
+    fn read(
+        &mut self,
+        text: &str,
+        key: u128,
+        vocab: &mut Vocabulary,
+        counts: &mut Vec<u32>,
+    ) -> Vec<u32> {
+        let (start, end) = match self.texts.get(&key) {
+            Some(&(start, end)) => (start as usize, end as usize),
+            None => self.keep(text, key),
+        };
+        let words = self.ids.get(start..end).unwrap_or_default();
+        let occurrences = self.counts.get(start..end).unwrap_or_default();
+        // Room for every word to be new to the run: no check per word.
+        if counts.len() < vocab.len() + words.len() {
+            counts.resize(vocab.len() + words.len(), 0);
+        }
+        self.run_ids.resize(self.vocab.len(), (0, 0));
+        let mut set = Vec::with_capacity(words.len());
+        for (&word, &n) in words.iter().zip(occurrences) {
+            let slot = &mut self.run_ids[word as usize];
+            if slot.0 != self.run {
+                *slot = (self.run, vocab.push_from(&self.vocab, word));
+            }
+            counts[slot.1 as usize] += n;
+            set.push(slot.1);
+        }
+        // Past the bound, what was read is not kept.
+        if self.ids.len() > TEXT_WORDS_MAX {
+            self.ids.truncate(start);
+            self.counts.truncate(start);
+            self.texts.remove(&key);
+        }
+        set
+    }
+
+    /// Reads `text` into the kept vocabulary and keeps its words under
+    /// `key`; their range in `ids` and `counts`.
+    #[cold]
+    fn keep(&mut self, text: &str, key: u128) -> (usize, usize) {
+        self.reader.ids.clear();
+        self.vocab.words_of(text, &mut self.reader.ids);
+        let set = self.reader.sets.of(&self.reader.ids, self.vocab.len());
+        self.occurrences.resize(self.vocab.len(), 0);
+        for &id in &self.reader.ids {
+            self.occurrences[id as usize] += 1;
+        }
+        let start = self.ids.len();
+        for &id in &set {
+            self.ids.push(id);
+            self.counts
+                .push(std::mem::take(&mut self.occurrences[id as usize]));
+        }
+        self.texts
+            .insert(key, (start as u32, self.ids.len() as u32));
+        (start, self.ids.len())
+    }
+
+    /// [`HistoryWords::restore`] into the run's empty `vocab`, its words
+    /// found in (or added to) the kept vocabulary; `false` (and nothing
+    /// restored) when `found` names a word twice, as only a broken entry
+    /// could.
+    fn restore(
+        &mut self,
+        found: &HistoryWords,
+        vocab: &mut Vocabulary,
+        counts: &mut Vec<u32>,
+        sets: &mut Vec<Vec<u32>>,
+    ) -> bool {
+        let mut long_start = 0;
+        let mut long_ends = found.long_ends.iter();
+        for &key in found.words.iter() {
+            let id = match key {
+                0 => {
+                    let end = long_ends.next().map_or(found.long.len(), |&e| e as usize);
+                    let word = found.long.get(long_start..end).unwrap_or_default();
+                    long_start = end;
+                    self.vocab.intern_long(word)
+                }
+                key => self.vocab.intern_packed(key),
+            };
+            self.run_id(id, vocab);
+        }
+        if vocab.len() != found.words.len() {
+            return false;
+        }
+        found.restore_lists(counts, sets);
+        true
+    }
+}
+
+/// Caches with a [`TextWords`] of one compaction beside them: what the
+/// engine runs of one request share.
+pub struct WithTextWords<'a, C: ?Sized> {
+    caches: &'a C,
+    words: RefCell<TextWords>,
+}
+
+impl<'a, C: ?Sized> WithTextWords<'a, C> {
+    pub fn new(caches: &'a C) -> Self {
+        WithTextWords {
+            caches,
+            words: RefCell::default(),
+        }
+    }
+}
+
+impl<C: WordListCache + ?Sized> WordListCache for WithTextWords<'_, C> {
+    fn word_lists_enabled(&self) -> bool {
+        self.caches.word_lists_enabled()
+    }
+    fn history_words(&self, key: u128) -> Option<Arc<HistoryWords>> {
+        self.caches.history_words(key)
+    }
+    fn put_history_words(&self, key: u128, words: Arc<HistoryWords>) {
+        self.caches.put_history_words(key, words)
+    }
+    fn remove_history_words(&self, key: u128) {
+        self.caches.remove_history_words(key)
+    }
+    fn text_words(&self) -> Option<&RefCell<TextWords>> {
+        Some(&self.words)
+    }
+}
+
+impl<C: AnalysisCache + ?Sized> AnalysisCache for WithTextWords<'_, C> {
+    fn enabled(&self) -> bool {
+        self.caches.enabled()
+    }
+    fn get(&self, key: u128) -> Option<CachedAnalysis> {
+        self.caches.get(key)
+    }
+    fn put(&self, key: u128, value: CachedAnalysis) {
+        self.caches.put(key, value)
+    }
+    fn remove(&self, key: u128) {
+        self.caches.remove(key)
+    }
+    fn fill_later(&self, history: u128, texts: &[&str]) -> bool {
+        self.caches.fill_later(history, texts)
+    }
 }
 
 /// The word set of each of `texts` (its distinct ids in the order first
@@ -158,10 +376,39 @@ pub(super) fn read_words(
     keys: Option<&[u128]>,
 ) -> Vec<Vec<u32>> {
     let mut sets: Vec<Vec<u32>> = Vec::with_capacity(texts.len());
+    let mut memo = cache.text_words().map(RefCell::borrow_mut);
+    let lists = cache.word_lists_enabled() && texts.len() >= 2;
+    // Each text's key, when a cache reads by it: the keys relevance's
+    // analyses use (given by the caller when it hashed the texts already),
+    // so the same key names a history's words here and its analyses there.
+    let keys: Vec<u128> = match keys {
+        _ if !lists && memo.is_none() => Vec::new(),
+        Some(keys) => keys.to_vec(),
+        None => texts.iter().map(|t| message_key(t)).collect(),
+    };
+    if let Some(memo) = memo.as_deref_mut() {
+        if memo.vocab.is_empty() {
+            // The first run reads most of the texts' words: no rehash
+            // while they come in.
+            let bytes: usize = texts.iter().map(|t| t.len()).sum();
+            memo.vocab = Vocabulary::with_capacity(bytes / 32);
+            memo.ids.reserve(bytes / 8);
+            memo.counts.reserve(bytes / 8);
+            memo.texts.reserve(texts.len());
+        }
+        memo.begin();
+    }
     let mut reader = Reader::default();
-    if !cache.word_lists_enabled() || texts.len() < 2 {
-        for text in texts {
-            sets.push(reader.read(text, vocab, counts));
+    let mut read = |memo: Option<&mut TextWords>,
+                    i: usize,
+                    vocab: &mut Vocabulary,
+                    counts: &mut Vec<u32>| match memo {
+        Some(memo) => memo.read(texts[i], keys[i], vocab, counts),
+        None => reader.read(texts[i], vocab, counts),
+    };
+    if !lists {
+        for i in 0..texts.len() {
+            sets.push(read(memo.as_deref_mut(), i, vocab, counts));
         }
         counts.resize(vocab.len(), 0);
         return sets;
@@ -170,14 +417,7 @@ pub(super) fn read_words(
     // most often changes (a new question, a retry): the next turn extends
     // the rest, and a retry changes only the last.
     let stem = texts.len() - 1;
-    // The keys relevance's analyses use: this cache is another, so the
-    // same key names each history's words here and its analyses there.
-    // (Given by the caller when it hashed the texts already.)
-    let keys: Vec<u128> = match keys {
-        Some(keys) => keys[..stem].to_vec(),
-        None => texts[..stem].iter().map(|t| message_key(t)).collect(),
-    };
-    let prefixes = history_keys(&keys);
+    let prefixes = history_keys(&keys[..stem]);
     let earlier = (stem.saturating_sub(HISTORY_PROBES)..stem)
         .rev()
         .find_map(|k| {
@@ -185,10 +425,20 @@ pub(super) fn read_words(
             found.fits(k + 1).then_some((found, k))
         });
     if let Some((found, _)) = &earlier {
-        found.restore(vocab, counts, &mut sets);
+        match memo.as_deref_mut() {
+            Some(memo) => {
+                if !memo.restore(found, vocab, counts, &mut sets) {
+                    // A broken entry: the texts are read instead, in a run
+                    // of their own.
+                    *vocab = Vocabulary::default();
+                    memo.begin();
+                }
+            }
+            None => found.restore(vocab, counts, &mut sets),
+        }
     }
-    for text in &texts[sets.len()..stem] {
-        sets.push(reader.read(text, vocab, counts));
+    for i in sets.len()..stem {
+        sets.push(read(memo.as_deref_mut(), i, vocab, counts));
     }
     match earlier {
         // The same stem again (a retry, another pass of this request, or a
@@ -204,7 +454,7 @@ pub(super) fn read_words(
             }
         }
     }
-    sets.push(reader.read(texts[stem], vocab, counts));
+    sets.push(read(memo.as_deref_mut(), stem, vocab, counts));
     counts.resize(vocab.len(), 0);
     sets
 }
@@ -341,6 +591,73 @@ mod tests {
         }
         // Each turn after the first found the one before.
         assert_eq!(*cache.hits.borrow(), texts.len() - 3);
+    }
+
+    /// Runs over forms that share texts, as a replay's re-compactions do:
+    /// each run reads through one kept [`TextWords`] what it reads alone.
+    fn runs_agree(texts: &[String], forms: &[Vec<usize>]) {
+        for history in [false, true] {
+            let lists = Kept::default();
+            let nothing = crate::engine::NoCaches;
+            let inner: &dyn WordListCache = if history { &lists } else { &nothing };
+            let kept = WithTextWords::new(inner);
+            for form in forms {
+                let form: Vec<&str> = form.iter().map(|&i| texts[i].as_str()).collect();
+                assert_eq!(
+                    read_all(&form, &kept),
+                    read_all(&form, &crate::engine::NoCaches),
+                    "{form:?}"
+                );
+            }
+            let memo = kept.words.borrow();
+            assert!(memo.texts.len() <= texts.len());
+        }
+    }
+
+    #[test]
+    fn texts_kept_from_an_earlier_run_give_what_reading_gives() {
+        let texts: Vec<String> = [
+            "Alpha beta ALPHA, Größe GRÖSSE alpha-beta 42 ΣΊΣΥΦΟΣ",
+            "",
+            "a-very-long-word-indeed: antidisestablishmentarianism Antidisestablishmentarianism beta",
+            "Beta gamma delta 42 größe supercalifragilisticexpialidocious",
+            "delta delta delta 日本語テキスト abc日本",
+            "gamma",
+        ]
+        .map(String::from)
+        .to_vec();
+        // A form, the next with some dropped and new ones, a retry, one
+        // in another order (new words first), and a lone text.
+        let forms = [
+            vec![0, 1, 2, 3],
+            vec![0, 2, 3, 4, 5],
+            vec![0, 2, 3, 4, 5],
+            vec![5, 4, 3, 2, 1, 0],
+            vec![2],
+        ];
+        runs_agree(&texts, &forms);
+        // The runs after the first read no text twice.
+        let kept = WithTextWords::new(&crate::engine::NoCaches);
+        for form in &forms {
+            let form: Vec<&str> = form.iter().map(|&i| texts[i].as_str()).collect();
+            read_all(&form, &kept);
+        }
+        assert_eq!(kept.words.borrow().texts.len(), texts.len());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        #[test]
+        fn runs_through_kept_texts_read_what_reading_reads(
+            texts in proptest::collection::vec("[a-cA-C0-9 ,é日Σ]{0,12}|[a-z]{15,20}( [a-z]{1,3}){0,3}", 1..8),
+            forms in proptest::collection::vec(proptest::collection::vec(0usize..8, 0..10), 1..5),
+        ) {
+            let forms: Vec<Vec<usize>> = forms
+                .into_iter()
+                .map(|f| f.into_iter().map(|i| i % texts.len()).collect())
+                .collect();
+            runs_agree(&texts, &forms);
+        }
     }
 
     #[test]
