@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::analysis::{message_key, AnalysisCache, CachedAnalysis};
-use super::terms::{for_each_term, normalize, packed, term_id, TermMemo};
+use super::terms::{for_each_keyed_term, normalize, term_id, TermMasks, TermMemo};
 use crate::engine::text::char_count;
 
 /// The query an excerpt looks for: each term's id and weight (its query
@@ -57,20 +57,18 @@ pub fn excerpt_cached(
     if query.ids.is_empty() || max_chars < MIN_EXCERPT_CHARS || char_count(text) <= max_chars {
         return None;
     }
-    let by_lines = text.contains('\n');
-    let segments = split(text, by_lines);
     let terms = if cache.enabled() {
         let key = message_key(text) ^ SEGMENT_TERMS_KEY;
         match cache.get(key) {
             Some(CachedAnalysis::Segments(found)) => found,
             _ => {
-                let fresh = Arc::new(SegmentTerms::of(text, &segments));
+                let fresh = Arc::new(SegmentTerms::of(text));
                 cache.put(key, CachedAnalysis::Segments(fresh.clone()));
                 fresh
             }
         }
     } else {
-        Arc::new(SegmentTerms::of(text, &segments))
+        Arc::new(SegmentTerms::of(text))
     };
     // The hits come in scan order within each segment, so the weights add
     // up in the order a scan of the text meets them.
@@ -78,18 +76,18 @@ pub fn excerpt_cached(
         .hits
         .iter()
         .map(|hit| (hit.id, hit.segment as usize, hit.at as usize));
+    let segments = &terms.segments;
     let (order, first_match) = score_segments(query, segments.len(), hits)?;
-    // Each try is measured by counting, not rendering: the excerpt is
-    // rendered once, when chosen.
-    let layout = Layout::new(text, &segments, by_lines);
+    // Each try is measured by counting the chosen segments' layout, not
+    // rendering: the excerpt is rendered once, when chosen.
     choose(
         text,
-        &segments,
-        by_lines,
+        segments,
+        terms.layout.by_lines,
         &order,
         &first_match,
         max_chars,
-        |chosen| layout.chars(chosen),
+        |_, picked| terms.layout.chars(picked),
     )
 }
 
@@ -107,7 +105,15 @@ fn score_segments(
     let mut matched = vec![0u64; segments];
     let mut score = vec![0.0f64; segments];
     let mut first_match = vec![usize::MAX; segments];
+    // Most of a text's terms are no query term: one bit test each.
+    let mut mask = [0u64; 4];
+    for &id in &query.ids {
+        mask[(id >> 6) as usize & 3] |= 1 << (id & 63);
+    }
     for (id, s, at) in hits {
+        if mask[(id >> 6) as usize & 3] & (1 << (id & 63)) == 0 {
+            continue;
+        }
         let Some(t) = query.ids.iter().position(|&q| q == id) else {
             continue;
         };
@@ -127,8 +133,9 @@ fn score_segments(
 }
 
 /// The excerpt of the segments in `order` (non-empty) that fit in
-/// `max_chars` as `chars` counts a choice, then their neighbours while
-/// they fit; a window around the best one's first match when none fits.
+/// `max_chars` as `chars` counts a choice (given as a flag per segment and
+/// as the chosen segments in order), then their neighbours while they
+/// fit; a window around the best one's first match when none fits.
 fn choose(
     text: &str,
     segments: &[(usize, usize)],
@@ -136,9 +143,21 @@ fn choose(
     order: &[usize],
     first_match: &[usize],
     max_chars: usize,
-    chars: impl Fn(&[bool]) -> usize,
+    chars: impl Fn(&[bool], &[usize]) -> usize,
 ) -> Option<String> {
     let mut chosen = vec![false; segments.len()];
+    // The chosen segments, in order: a few, where `chosen` has a flag for
+    // every segment of the text.
+    let mut picked: Vec<usize> = Vec::new();
+    let pick = |picked: &mut Vec<usize>, u: usize| {
+        let at = picked.partition_point(|&p| p < u);
+        picked.insert(at, u);
+    };
+    let unpick = |picked: &mut Vec<usize>, u: usize| {
+        if let Ok(at) = picked.binary_search(&u) {
+            picked.remove(at);
+        }
+    };
     let mut any = false;
     let mut added = Vec::new();
     for &s in order.iter().take(MAX_TRIES) {
@@ -146,12 +165,14 @@ fn choose(
         for u in unit_of(text, segments, s, by_lines) {
             if !chosen[u] {
                 chosen[u] = true;
+                pick(&mut picked, u);
                 added.push(u);
             }
         }
-        if chars(&chosen) > max_chars {
+        if chars(&chosen, &picked) > max_chars {
             for &u in &added {
                 chosen[u] = false;
+                unpick(&mut picked, u);
             }
         } else {
             any = true;
@@ -171,8 +192,10 @@ fn choose(
                 continue;
             }
             chosen[next] = true;
-            if chars(&chosen) > max_chars {
+            pick(&mut picked, next);
+            if chars(&chosen, &picked) > max_chars {
                 chosen[next] = false;
+                unpick(&mut picked, next);
             } else {
                 grew = true;
                 lo = lo.min(next);
@@ -188,9 +211,11 @@ fn choose(
 
 /// What [`render`] makes of each segment, to count an excerpt's chars
 /// without making it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct Layout {
-    /// Chars of each segment as rendered (a line with its newline).
-    chars: Vec<usize>,
+    /// Chars of the segments before each one as rendered (a line with its
+    /// newline), and of all of them last: a run's chars by one subtraction.
+    before: Vec<usize>,
     /// Whether a segment's rendered text is not empty, and whether it
     /// ends with a newline.
     nonempty: Vec<bool>,
@@ -205,41 +230,45 @@ impl Layout {
             &text[a..end]
         });
         let mut layout = Layout {
-            chars: Vec::with_capacity(segments.len()),
+            before: Vec::with_capacity(segments.len() + 1),
             nonempty: Vec::with_capacity(segments.len()),
             ends_with_newline: Vec::with_capacity(segments.len()),
             by_lines,
         };
+        let mut total = 0;
         for piece in pieces {
-            layout.chars.push(char_count(piece));
+            layout.before.push(total);
+            total += char_count(piece);
             layout.nonempty.push(!piece.is_empty());
             layout.ends_with_newline.push(piece.ends_with('\n'));
         }
+        layout.before.push(total);
         layout
     }
 
-    /// `char_count(&render(.., chosen, ..))`, counted.
-    fn chars(&self, chosen: &[bool]) -> usize {
+    /// `char_count(&render(..))` of the segments `picked` (in order), the
+    /// others omitted: counted run by run, so a try costs the segments
+    /// chosen, not the text's.
+    fn chars(&self, picked: &[usize]) -> usize {
         let mut total = 0usize;
-        let mut omitted = 0usize;
         let (mut nonempty, mut ends_with_newline) = (false, false);
-        for (s, &c) in self.chars.iter().enumerate() {
-            if chosen[s] {
-                if omitted > 0 {
-                    total += marker_chars(omitted) + 1;
-                    omitted = 0;
-                    nonempty = true;
-                    ends_with_newline = self.by_lines;
-                }
-                total += c;
-                if self.nonempty[s] {
-                    nonempty = true;
-                    ends_with_newline = self.ends_with_newline[s];
-                }
-            } else {
-                omitted += c;
+        // The first segment after the last one picked.
+        let mut next = 0;
+        for &s in picked {
+            let omitted = self.before[s] - self.before[next];
+            if omitted > 0 {
+                total += marker_chars(omitted) + 1;
+                nonempty = true;
+                ends_with_newline = self.by_lines;
             }
+            total += self.before[s + 1] - self.before[s];
+            if self.nonempty[s] {
+                nonempty = true;
+                ends_with_newline = self.ends_with_newline[s];
+            }
+            next = s + 1;
         }
+        let omitted = self.before[self.nonempty.len()] - self.before[next];
         if omitted > 0 {
             if self.by_lines && !ends_with_newline && nonempty {
                 total += 1;
@@ -267,6 +296,10 @@ const SEGMENT_TERMS_KEY: u128 = 0x5E67_3E47_7E25_0000_A5A5_0001_0000_0001;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SegmentTerms {
     hits: Vec<SegmentHit>,
+    /// The text's segments ([`split`]): lines when it has a newline.
+    segments: Vec<(usize, usize)>,
+    /// How each segment renders.
+    layout: Layout,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,7 +312,10 @@ struct SegmentHit {
 }
 
 impl SegmentTerms {
-    fn of(text: &str, segments: &[(usize, usize)]) -> Self {
+    fn of(text: &str) -> Self {
+        let by_lines = text.contains('\n');
+        let segments = split(text, by_lines);
+        let layout = Layout::new(text, &segments, by_lines);
         let base = text.as_ptr() as usize;
         let mut buf = String::new();
         // A text repeats its words (a log, a listing): each raw word is
@@ -293,16 +329,18 @@ impl SegmentTerms {
         // Per slot: (segment + 1, hit index) of its last hit; 0: none yet.
         let mut last: Vec<(u32, u32)> = Vec::new();
         let mut segment = 0usize;
-        for_each_term(text, |raw, kind| {
-            let slot =
-                slot_of_raw.value(raw, packed(raw), || match normalize(raw, kind, &mut buf) {
-                    None => NO_TERM,
-                    Some(term) => {
-                        ids.push(term_id(&term));
-                        buf = term;
-                        (ids.len() - 1) as u32
-                    }
-                });
+        // The terms in the order `for_each_term` gives them, an ASCII text
+        // read from bit masks of its bytes.
+        let mut masks = TermMasks::default();
+        for_each_keyed_term(text, &mut masks, |raw, kind, key| {
+            let slot = slot_of_raw.value(raw, key, || match normalize(raw, kind, &mut buf) {
+                None => NO_TERM,
+                Some(term) => {
+                    ids.push(term_id(&term));
+                    buf = term;
+                    (ids.len() - 1) as u32
+                }
+            });
             if slot == NO_TERM {
                 return;
             }
@@ -327,12 +365,20 @@ impl SegmentTerms {
                 });
             }
         });
-        SegmentTerms { hits }
+        SegmentTerms {
+            hits,
+            segments,
+            layout,
+        }
     }
 
     /// Approximate bytes held, for a cache's weigher.
     pub fn weight(&self) -> u32 {
-        u32::try_from(64 + self.hits.len() * std::mem::size_of::<SegmentHit>()).unwrap_or(u32::MAX)
+        let per_segment = std::mem::size_of::<(usize, usize)>() + std::mem::size_of::<usize>() + 2;
+        let bytes = 64
+            + self.hits.len() * std::mem::size_of::<SegmentHit>()
+            + self.segments.len() * per_segment;
+        u32::try_from(bytes).unwrap_or(u32::MAX)
     }
 }
 
@@ -475,6 +521,7 @@ fn window(text: &str, at: usize, max_chars: usize) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::terms::for_each_term;
     use super::*;
     use proptest::prelude::Strategy;
 
@@ -509,8 +556,9 @@ mod tests {
                 for bits in 0..1u32 << segments.len().min(12) {
                     let chosen: Vec<bool> =
                         (0..segments.len()).map(|s| bits & (1 << s) != 0).collect();
+                    let picked: Vec<usize> = (0..segments.len()).filter(|&s| chosen[s]).collect();
                     assert_eq!(
-                        layout.chars(&chosen),
+                        layout.chars(&picked),
                         char_count(&render(text, &segments, &chosen, by_lines)),
                         "{text:?} {by_lines} {chosen:?}"
                     );
@@ -593,7 +641,7 @@ mod tests {
             &order,
             &first_match,
             max_chars,
-            |chosen| char_count(&render(text, &segments, chosen, by_lines)),
+            |chosen, _| char_count(&render(text, &segments, chosen, by_lines)),
         )
     }
 
