@@ -87,7 +87,7 @@ pub fn excerpt_cached(
         &order,
         &first_match,
         max_chars,
-        |_, picked| terms.layout.chars(picked),
+        &mut LayoutCount::new(&terms.layout),
     )
 }
 
@@ -133,9 +133,8 @@ fn score_segments(
 }
 
 /// The excerpt of the segments in `order` (non-empty) that fit in
-/// `max_chars` as `chars` counts a choice (given as a flag per segment and
-/// as the chosen segments in order), then their neighbours while they
-/// fit; a window around the best one's first match when none fits.
+/// `max_chars` as `count` counts a choice, then their neighbours while
+/// they fit; a window around the best one's first match when none fits.
 fn choose(
     text: &str,
     segments: &[(usize, usize)],
@@ -143,21 +142,9 @@ fn choose(
     order: &[usize],
     first_match: &[usize],
     max_chars: usize,
-    chars: impl Fn(&[bool], &[usize]) -> usize,
+    count: &mut impl Count,
 ) -> Option<String> {
     let mut chosen = vec![false; segments.len()];
-    // The chosen segments, in order: a few, where `chosen` has a flag for
-    // every segment of the text.
-    let mut picked: Vec<usize> = Vec::new();
-    let pick = |picked: &mut Vec<usize>, u: usize| {
-        let at = picked.partition_point(|&p| p < u);
-        picked.insert(at, u);
-    };
-    let unpick = |picked: &mut Vec<usize>, u: usize| {
-        if let Ok(at) = picked.binary_search(&u) {
-            picked.remove(at);
-        }
-    };
     let mut any = false;
     let mut added = Vec::new();
     for &s in order.iter().take(MAX_TRIES) {
@@ -165,14 +152,14 @@ fn choose(
         for u in unit_of(text, segments, s, by_lines) {
             if !chosen[u] {
                 chosen[u] = true;
-                pick(&mut picked, u);
+                count.pick(u);
                 added.push(u);
             }
         }
-        if chars(&chosen, &picked) > max_chars {
+        if count.chars() > max_chars {
             for &u in &added {
                 chosen[u] = false;
-                unpick(&mut picked, u);
+                count.unpick(u);
             }
         } else {
             any = true;
@@ -192,10 +179,10 @@ fn choose(
                 continue;
             }
             chosen[next] = true;
-            pick(&mut picked, next);
-            if chars(&chosen, &picked) > max_chars {
+            count.pick(next);
+            if count.chars() > max_chars {
                 chosen[next] = false;
-                unpick(&mut picked, next);
+                count.unpick(next);
             } else {
                 grew = true;
                 lo = lo.min(next);
@@ -246,36 +233,113 @@ impl Layout {
         layout
     }
 
-    /// `char_count(&render(..))` of the segments `picked` (in order), the
-    /// others omitted: counted run by run, so a try costs the segments
-    /// chosen, not the text's.
-    fn chars(&self, picked: &[usize]) -> usize {
-        let mut total = 0usize;
+    /// Chars of segments `a..b` as rendered.
+    fn between(&self, a: usize, b: usize) -> usize {
+        self.before[b] - self.before[a]
+    }
+
+    /// What the omitted segments `a..b` render as: a marker and the
+    /// newline (or space) after it, or nothing.
+    fn gap(&self, a: usize, b: usize) -> usize {
+        match self.between(a, b) {
+            0 => 0,
+            omitted => marker_chars(omitted) + 1,
+        }
+    }
+}
+
+/// How [`choose`] counts the excerpt it is making, segment by segment.
+trait Count {
+    /// Segment `s` is chosen (it was not).
+    fn pick(&mut self, s: usize);
+    /// Segment `s` is no longer chosen (it was).
+    fn unpick(&mut self, s: usize);
+    /// `char_count(&render(..))` of the chosen segments.
+    fn chars(&self) -> usize;
+}
+
+/// [`Count`] from a [`Layout`], kept as segments come and go: a try costs
+/// the chosen segments next to it, not the text's.
+struct LayoutCount<'l> {
+    layout: &'l Layout,
+    /// The chosen segments, in order.
+    picked: Vec<usize>,
+    /// Chars of the chosen segments and of the markers before each.
+    inner: usize,
+}
+
+impl<'l> LayoutCount<'l> {
+    fn new(layout: &'l Layout) -> Self {
+        LayoutCount {
+            layout,
+            picked: Vec::new(),
+            inner: 0,
+        }
+    }
+
+    /// The first segment after the chosen one before place `at`.
+    fn end_before(&self, at: usize) -> usize {
+        at.checked_sub(1).map_or(0, |p| self.picked[p] + 1)
+    }
+
+    /// What the chosen segment at place `at` adds with the marker before
+    /// it.
+    fn with_gap(&self, at: usize) -> usize {
+        let s = self.picked[at];
+        self.layout.gap(self.end_before(at), s) + self.layout.between(s, s + 1)
+    }
+}
+
+impl Count for LayoutCount<'_> {
+    fn pick(&mut self, s: usize) {
+        let at = self.picked.partition_point(|&p| p < s);
+        if at < self.picked.len() {
+            self.inner -= self.with_gap(at);
+        }
+        self.picked.insert(at, s);
+        self.inner += self.with_gap(at);
+        if at + 1 < self.picked.len() {
+            self.inner += self.with_gap(at + 1);
+        }
+    }
+
+    fn unpick(&mut self, s: usize) {
+        let Ok(at) = self.picked.binary_search(&s) else {
+            return;
+        };
+        if at + 1 < self.picked.len() {
+            self.inner -= self.with_gap(at + 1);
+        }
+        self.inner -= self.with_gap(at);
+        self.picked.remove(at);
+        if at < self.picked.len() {
+            self.inner += self.with_gap(at);
+        }
+    }
+
+    fn chars(&self) -> usize {
+        let layout = self.layout;
+        let end = self.end_before(self.picked.len());
+        let omitted = layout.between(end, layout.nonempty.len());
+        if omitted == 0 {
+            return self.inner;
+        }
+        // What the text rendered so far ends with: the last chosen
+        // segment's, or the marker before it when it renders empty.
         let (mut nonempty, mut ends_with_newline) = (false, false);
-        // The first segment after the last one picked.
-        let mut next = 0;
-        for &s in picked {
-            let omitted = self.before[s] - self.before[next];
-            if omitted > 0 {
-                total += marker_chars(omitted) + 1;
-                nonempty = true;
-                ends_with_newline = self.by_lines;
+        for at in (0..self.picked.len()).rev() {
+            let s = self.picked[at];
+            if layout.nonempty[s] {
+                (nonempty, ends_with_newline) = (true, layout.ends_with_newline[s]);
+                break;
             }
-            total += self.before[s + 1] - self.before[s];
-            if self.nonempty[s] {
-                nonempty = true;
-                ends_with_newline = self.ends_with_newline[s];
+            if layout.between(self.end_before(at), s) > 0 {
+                (nonempty, ends_with_newline) = (true, layout.by_lines);
+                break;
             }
-            next = s + 1;
         }
-        let omitted = self.before[self.nonempty.len()] - self.before[next];
-        if omitted > 0 {
-            if self.by_lines && !ends_with_newline && nonempty {
-                total += 1;
-            }
-            total += marker_chars(omitted);
-        }
-        total
+        let newline = usize::from(layout.by_lines && !ends_with_newline && nonempty);
+        self.inner + newline + marker_chars(omitted)
     }
 }
 
@@ -556,9 +620,21 @@ mod tests {
                 for bits in 0..1u32 << segments.len().min(12) {
                     let chosen: Vec<bool> =
                         (0..segments.len()).map(|s| bits & (1 << s) != 0).collect();
-                    let picked: Vec<usize> = (0..segments.len()).filter(|&s| chosen[s]).collect();
+                    // Picked in turn, and unpicked again to the same choice.
+                    let mut count = LayoutCount::new(&layout);
+                    for s in (0..segments.len()).rev().filter(|&s| chosen[s]) {
+                        count.pick(s);
+                    }
+                    let mut again = LayoutCount::new(&layout);
+                    for s in 0..segments.len() {
+                        again.pick(s);
+                    }
+                    for s in (0..segments.len()).filter(|&s| !chosen[s]) {
+                        again.unpick(s);
+                    }
+                    assert_eq!(count.chars(), again.chars());
                     assert_eq!(
-                        layout.chars(&picked),
+                        count.chars(),
                         char_count(&render(text, &segments, &chosen, by_lines)),
                         "{text:?} {by_lines} {chosen:?}"
                     );
@@ -641,8 +717,38 @@ mod tests {
             &order,
             &first_match,
             max_chars,
-            |chosen, _| char_count(&render(text, &segments, chosen, by_lines)),
+            &mut Rendered {
+                text,
+                segments: &segments,
+                by_lines,
+                chosen: vec![false; segments.len()],
+            },
         )
+    }
+
+    /// [`Count`] by rendering.
+    struct Rendered<'t> {
+        text: &'t str,
+        segments: &'t [(usize, usize)],
+        by_lines: bool,
+        chosen: Vec<bool>,
+    }
+
+    impl Count for Rendered<'_> {
+        fn pick(&mut self, s: usize) {
+            self.chosen[s] = true;
+        }
+        fn unpick(&mut self, s: usize) {
+            self.chosen[s] = false;
+        }
+        fn chars(&self) -> usize {
+            char_count(&render(
+                self.text,
+                self.segments,
+                &self.chosen,
+                self.by_lines,
+            ))
+        }
     }
 
     /// An in-memory cache, for the warm path.
