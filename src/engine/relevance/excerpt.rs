@@ -193,7 +193,9 @@ fn choose(
             break;
         }
     }
-    Some(render(text, segments, &chosen, by_lines))
+    Some(render(text, segments, &chosen, by_lines, |s| {
+        count.segment_chars(s)
+    }))
 }
 
 /// What [`render`] makes of each segment, to count an excerpt's chars
@@ -256,6 +258,8 @@ trait Count {
     fn unpick(&mut self, s: usize);
     /// `char_count(&render(..))` of the chosen segments.
     fn chars(&self) -> usize;
+    /// Chars of segment `s` as rendered.
+    fn segment_chars(&self, s: usize) -> usize;
 }
 
 /// [`Count`] from a [`Layout`], kept as segments come and go: a try costs
@@ -340,6 +344,10 @@ impl Count for LayoutCount<'_> {
         }
         let newline = usize::from(layout.by_lines && !ends_with_newline && nonempty);
         self.inner + newline + marker_chars(omitted)
+    }
+
+    fn segment_chars(&self, s: usize) -> usize {
+        self.layout.between(s, s + 1)
     }
 }
 
@@ -520,8 +528,15 @@ fn unit_of(text: &str, segments: &[(usize, usize)], s: usize, by_lines: bool) ->
     unit
 }
 
-/// The chosen segments in order, each run of the others as one marker.
-fn render(text: &str, segments: &[(usize, usize)], chosen: &[bool], by_lines: bool) -> String {
+/// The chosen segments in order, each run of the others as one marker
+/// (of the chars `chars` counts in each segment as rendered).
+fn render(
+    text: &str,
+    segments: &[(usize, usize)],
+    chosen: &[bool],
+    by_lines: bool,
+    chars: impl Fn(usize) -> usize,
+) -> String {
     let mut out = String::new();
     let mut omitted = 0usize;
     let flush = |out: &mut String, omitted: &mut usize| {
@@ -538,7 +553,7 @@ fn render(text: &str, segments: &[(usize, usize)], chosen: &[bool], by_lines: bo
             flush(&mut out, &mut omitted);
             out.push_str(&text[a..end]);
         } else {
-            omitted += char_count(&text[a..end]);
+            omitted += chars(s);
         }
     }
     if omitted > 0 {
@@ -634,8 +649,17 @@ mod tests {
                     }
                     assert_eq!(count.chars(), again.chars());
                     assert_eq!(
+                        render(text, &segments, &chosen, by_lines, |s| count
+                            .segment_chars(s)),
+                        render(text, &segments, &chosen, by_lines, |s| {
+                            piece_chars(text, &segments, by_lines, s)
+                        }),
+                    );
+                    assert_eq!(
                         count.chars(),
-                        char_count(&render(text, &segments, &chosen, by_lines)),
+                        char_count(&render(text, &segments, &chosen, by_lines, |s| {
+                            piece_chars(text, &segments, by_lines, s)
+                        })),
                         "{text:?} {by_lines} {chosen:?}"
                     );
                 }
@@ -747,8 +771,19 @@ mod tests {
                 self.segments,
                 &self.chosen,
                 self.by_lines,
+                |s| self.segment_chars(s),
             ))
         }
+        fn segment_chars(&self, s: usize) -> usize {
+            piece_chars(self.text, self.segments, self.by_lines, s)
+        }
+    }
+
+    /// Chars of segment `s` as rendered, counted in the text.
+    fn piece_chars(text: &str, segments: &[(usize, usize)], by_lines: bool, s: usize) -> usize {
+        let (a, b) = segments[s];
+        let end = if by_lines && b < text.len() { b + 1 } else { b };
+        char_count(&text[a..end])
     }
 
     /// An in-memory cache, for the warm path.
