@@ -5,6 +5,13 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState;
+
+/// Call ids come from clients: a map of them is keyed at random (foldhash,
+/// a few multiplies where SipHash was a tenth of relevance's cost on an
+/// agent's turn).
+type IdMap<'a, V> = HashMap<&'a str, V, RandomState>;
+
 use super::agent::{AgentEdits, TextEdit};
 use crate::engine::relevance::{excerpt_cached, AnalysisCache, Relevance};
 use crate::engine::{text::char_count, ScoringMethod};
@@ -23,7 +30,7 @@ pub fn subjects(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Str
     }
     // Each call id's first call; its text ("name arguments") is written
     // into each result's subject, not formatted once per call.
-    let mut calls: HashMap<&str, &crate::format::ToolCall> = HashMap::new();
+    let mut calls: IdMap<&crate::format::ToolCall> = IdMap::default();
     for item in items {
         for call in &item.tool_calls {
             calls.entry(call.id.as_str()).or_insert(call);
@@ -56,8 +63,11 @@ pub fn subjects(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Str
 /// its results.
 pub fn protect_units(conversation: &Conversation, relevant: &[bool], protected: &mut [bool]) {
     let items = &conversation.items;
+    if !relevant.iter().any(|&r| r) {
+        return;
+    }
     // Each call id's items: the caller, then its results.
-    let mut units: HashMap<&str, Vec<usize>> = HashMap::new();
+    let mut units: IdMap<Vec<usize>> = IdMap::default();
     for (i, item) in items.iter().enumerate() {
         for call in &item.tool_calls {
             units.entry(call.id.as_str()).or_default().push(i);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::analysis::{message_key, AnalysisCache, CachedAnalysis};
-use super::terms::{for_each_term, normalize, packed, term_id, TermMemo};
+use super::terms::{for_each_keyed_term, normalize, term_id, TermMasks, TermMemo};
 use crate::engine::text::char_count;
 
 /// The query an excerpt looks for: each term's id and weight (its query
@@ -57,20 +57,18 @@ pub fn excerpt_cached(
     if query.ids.is_empty() || max_chars < MIN_EXCERPT_CHARS || char_count(text) <= max_chars {
         return None;
     }
-    let by_lines = text.contains('\n');
-    let segments = split(text, by_lines);
     let terms = if cache.enabled() {
         let key = message_key(text) ^ SEGMENT_TERMS_KEY;
         match cache.get(key) {
             Some(CachedAnalysis::Segments(found)) => found,
             _ => {
-                let fresh = Arc::new(SegmentTerms::of(text, &segments));
+                let fresh = Arc::new(SegmentTerms::of(text));
                 cache.put(key, CachedAnalysis::Segments(fresh.clone()));
                 fresh
             }
         }
     } else {
-        Arc::new(SegmentTerms::of(text, &segments))
+        Arc::new(SegmentTerms::of(text))
     };
     // The hits come in scan order within each segment, so the weights add
     // up in the order a scan of the text meets them.
@@ -78,18 +76,18 @@ pub fn excerpt_cached(
         .hits
         .iter()
         .map(|hit| (hit.id, hit.segment as usize, hit.at as usize));
+    let segments = &terms.segments;
     let (order, first_match) = score_segments(query, segments.len(), hits)?;
-    // Each try is measured by counting, not rendering: the excerpt is
-    // rendered once, when chosen.
-    let layout = Layout::new(text, &segments, by_lines);
+    // Each try is measured by counting the chosen segments' layout, not
+    // rendering: the excerpt is rendered once, when chosen.
     choose(
         text,
-        &segments,
-        by_lines,
+        segments,
+        terms.layout.by_lines,
         &order,
         &first_match,
         max_chars,
-        |chosen| layout.chars(chosen),
+        &mut LayoutCount::new(&terms.layout),
     )
 }
 
@@ -107,7 +105,15 @@ fn score_segments(
     let mut matched = vec![0u64; segments];
     let mut score = vec![0.0f64; segments];
     let mut first_match = vec![usize::MAX; segments];
+    // Most of a text's terms are no query term: one bit test each.
+    let mut mask = [0u64; 4];
+    for &id in &query.ids {
+        mask[(id >> 6) as usize & 3] |= 1 << (id & 63);
+    }
     for (id, s, at) in hits {
+        if mask[(id >> 6) as usize & 3] & (1 << (id & 63)) == 0 {
+            continue;
+        }
         let Some(t) = query.ids.iter().position(|&q| q == id) else {
             continue;
         };
@@ -127,7 +133,7 @@ fn score_segments(
 }
 
 /// The excerpt of the segments in `order` (non-empty) that fit in
-/// `max_chars` as `chars` counts a choice, then their neighbours while
+/// `max_chars` as `count` counts a choice, then their neighbours while
 /// they fit; a window around the best one's first match when none fits.
 fn choose(
     text: &str,
@@ -136,7 +142,7 @@ fn choose(
     order: &[usize],
     first_match: &[usize],
     max_chars: usize,
-    chars: impl Fn(&[bool]) -> usize,
+    count: &mut impl Count,
 ) -> Option<String> {
     let mut chosen = vec![false; segments.len()];
     let mut any = false;
@@ -146,12 +152,14 @@ fn choose(
         for u in unit_of(text, segments, s, by_lines) {
             if !chosen[u] {
                 chosen[u] = true;
+                count.pick(u);
                 added.push(u);
             }
         }
-        if chars(&chosen) > max_chars {
+        if count.chars() > max_chars {
             for &u in &added {
                 chosen[u] = false;
+                count.unpick(u);
             }
         } else {
             any = true;
@@ -171,8 +179,10 @@ fn choose(
                 continue;
             }
             chosen[next] = true;
-            if chars(&chosen) > max_chars {
+            count.pick(next);
+            if count.chars() > max_chars {
                 chosen[next] = false;
+                count.unpick(next);
             } else {
                 grew = true;
                 lo = lo.min(next);
@@ -183,14 +193,18 @@ fn choose(
             break;
         }
     }
-    Some(render(text, segments, &chosen, by_lines))
+    Some(render(text, segments, &chosen, by_lines, |s| {
+        count.segment_chars(s)
+    }))
 }
 
 /// What [`render`] makes of each segment, to count an excerpt's chars
 /// without making it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct Layout {
-    /// Chars of each segment as rendered (a line with its newline).
-    chars: Vec<usize>,
+    /// Chars of the segments before each one as rendered (a line with its
+    /// newline), and of all of them last: a run's chars by one subtraction.
+    before: Vec<usize>,
     /// Whether a segment's rendered text is not empty, and whether it
     /// ends with a newline.
     nonempty: Vec<bool>,
@@ -205,48 +219,135 @@ impl Layout {
             &text[a..end]
         });
         let mut layout = Layout {
-            chars: Vec::with_capacity(segments.len()),
+            before: Vec::with_capacity(segments.len() + 1),
             nonempty: Vec::with_capacity(segments.len()),
             ends_with_newline: Vec::with_capacity(segments.len()),
             by_lines,
         };
+        let mut total = 0;
         for piece in pieces {
-            layout.chars.push(char_count(piece));
+            layout.before.push(total);
+            total += char_count(piece);
             layout.nonempty.push(!piece.is_empty());
             layout.ends_with_newline.push(piece.ends_with('\n'));
         }
+        layout.before.push(total);
         layout
     }
 
-    /// `char_count(&render(.., chosen, ..))`, counted.
-    fn chars(&self, chosen: &[bool]) -> usize {
-        let mut total = 0usize;
-        let mut omitted = 0usize;
+    /// Chars of segments `a..b` as rendered.
+    fn between(&self, a: usize, b: usize) -> usize {
+        self.before[b] - self.before[a]
+    }
+
+    /// What the omitted segments `a..b` render as: a marker and the
+    /// newline (or space) after it, or nothing.
+    fn gap(&self, a: usize, b: usize) -> usize {
+        match self.between(a, b) {
+            0 => 0,
+            omitted => marker_chars(omitted) + 1,
+        }
+    }
+}
+
+/// How [`choose`] counts the excerpt it is making, segment by segment.
+trait Count {
+    /// Segment `s` is chosen (it was not).
+    fn pick(&mut self, s: usize);
+    /// Segment `s` is no longer chosen (it was).
+    fn unpick(&mut self, s: usize);
+    /// `char_count(&render(..))` of the chosen segments.
+    fn chars(&self) -> usize;
+    /// Chars of segment `s` as rendered.
+    fn segment_chars(&self, s: usize) -> usize;
+}
+
+/// [`Count`] from a [`Layout`], kept as segments come and go: a try costs
+/// the chosen segments next to it, not the text's.
+struct LayoutCount<'l> {
+    layout: &'l Layout,
+    /// The chosen segments, in order.
+    picked: Vec<usize>,
+    /// Chars of the chosen segments and of the markers before each.
+    inner: usize,
+}
+
+impl<'l> LayoutCount<'l> {
+    fn new(layout: &'l Layout) -> Self {
+        LayoutCount {
+            layout,
+            picked: Vec::new(),
+            inner: 0,
+        }
+    }
+
+    /// The first segment after the chosen one before place `at`.
+    fn end_before(&self, at: usize) -> usize {
+        at.checked_sub(1).map_or(0, |p| self.picked[p] + 1)
+    }
+
+    /// What the chosen segment at place `at` adds with the marker before
+    /// it.
+    fn with_gap(&self, at: usize) -> usize {
+        let s = self.picked[at];
+        self.layout.gap(self.end_before(at), s) + self.layout.between(s, s + 1)
+    }
+}
+
+impl Count for LayoutCount<'_> {
+    fn pick(&mut self, s: usize) {
+        let at = self.picked.partition_point(|&p| p < s);
+        if at < self.picked.len() {
+            self.inner -= self.with_gap(at);
+        }
+        self.picked.insert(at, s);
+        self.inner += self.with_gap(at);
+        if at + 1 < self.picked.len() {
+            self.inner += self.with_gap(at + 1);
+        }
+    }
+
+    fn unpick(&mut self, s: usize) {
+        let Ok(at) = self.picked.binary_search(&s) else {
+            return;
+        };
+        if at + 1 < self.picked.len() {
+            self.inner -= self.with_gap(at + 1);
+        }
+        self.inner -= self.with_gap(at);
+        self.picked.remove(at);
+        if at < self.picked.len() {
+            self.inner += self.with_gap(at);
+        }
+    }
+
+    fn chars(&self) -> usize {
+        let layout = self.layout;
+        let end = self.end_before(self.picked.len());
+        let omitted = layout.between(end, layout.nonempty.len());
+        if omitted == 0 {
+            return self.inner;
+        }
+        // What the text rendered so far ends with: the last chosen
+        // segment's, or the marker before it when it renders empty.
         let (mut nonempty, mut ends_with_newline) = (false, false);
-        for (s, &c) in self.chars.iter().enumerate() {
-            if chosen[s] {
-                if omitted > 0 {
-                    total += marker_chars(omitted) + 1;
-                    omitted = 0;
-                    nonempty = true;
-                    ends_with_newline = self.by_lines;
-                }
-                total += c;
-                if self.nonempty[s] {
-                    nonempty = true;
-                    ends_with_newline = self.ends_with_newline[s];
-                }
-            } else {
-                omitted += c;
+        for at in (0..self.picked.len()).rev() {
+            let s = self.picked[at];
+            if layout.nonempty[s] {
+                (nonempty, ends_with_newline) = (true, layout.ends_with_newline[s]);
+                break;
+            }
+            if layout.between(self.end_before(at), s) > 0 {
+                (nonempty, ends_with_newline) = (true, layout.by_lines);
+                break;
             }
         }
-        if omitted > 0 {
-            if self.by_lines && !ends_with_newline && nonempty {
-                total += 1;
-            }
-            total += marker_chars(omitted);
-        }
-        total
+        let newline = usize::from(layout.by_lines && !ends_with_newline && nonempty);
+        self.inner + newline + marker_chars(omitted)
+    }
+
+    fn segment_chars(&self, s: usize) -> usize {
+        self.layout.between(s, s + 1)
     }
 }
 
@@ -267,6 +368,10 @@ const SEGMENT_TERMS_KEY: u128 = 0x5E67_3E47_7E25_0000_A5A5_0001_0000_0001;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SegmentTerms {
     hits: Vec<SegmentHit>,
+    /// The text's segments ([`split`]): lines when it has a newline.
+    segments: Vec<(usize, usize)>,
+    /// How each segment renders.
+    layout: Layout,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,7 +384,10 @@ struct SegmentHit {
 }
 
 impl SegmentTerms {
-    fn of(text: &str, segments: &[(usize, usize)]) -> Self {
+    fn of(text: &str) -> Self {
+        let by_lines = text.contains('\n');
+        let segments = split(text, by_lines);
+        let layout = Layout::new(text, &segments, by_lines);
         let base = text.as_ptr() as usize;
         let mut buf = String::new();
         // A text repeats its words (a log, a listing): each raw word is
@@ -293,16 +401,18 @@ impl SegmentTerms {
         // Per slot: (segment + 1, hit index) of its last hit; 0: none yet.
         let mut last: Vec<(u32, u32)> = Vec::new();
         let mut segment = 0usize;
-        for_each_term(text, |raw, kind| {
-            let slot =
-                slot_of_raw.value(raw, packed(raw), || match normalize(raw, kind, &mut buf) {
-                    None => NO_TERM,
-                    Some(term) => {
-                        ids.push(term_id(&term));
-                        buf = term;
-                        (ids.len() - 1) as u32
-                    }
-                });
+        // The terms in the order `for_each_term` gives them, an ASCII text
+        // read from bit masks of its bytes.
+        let mut masks = TermMasks::default();
+        for_each_keyed_term(text, &mut masks, |raw, kind, key| {
+            let slot = slot_of_raw.value(raw, key, || match normalize(raw, kind, &mut buf) {
+                None => NO_TERM,
+                Some(term) => {
+                    ids.push(term_id(&term));
+                    buf = term;
+                    (ids.len() - 1) as u32
+                }
+            });
             if slot == NO_TERM {
                 return;
             }
@@ -327,12 +437,20 @@ impl SegmentTerms {
                 });
             }
         });
-        SegmentTerms { hits }
+        SegmentTerms {
+            hits,
+            segments,
+            layout,
+        }
     }
 
     /// Approximate bytes held, for a cache's weigher.
     pub fn weight(&self) -> u32 {
-        u32::try_from(64 + self.hits.len() * std::mem::size_of::<SegmentHit>()).unwrap_or(u32::MAX)
+        let per_segment = std::mem::size_of::<(usize, usize)>() + std::mem::size_of::<usize>() + 2;
+        let bytes = 64
+            + self.hits.len() * std::mem::size_of::<SegmentHit>()
+            + self.segments.len() * per_segment;
+        u32::try_from(bytes).unwrap_or(u32::MAX)
     }
 }
 
@@ -410,8 +528,15 @@ fn unit_of(text: &str, segments: &[(usize, usize)], s: usize, by_lines: bool) ->
     unit
 }
 
-/// The chosen segments in order, each run of the others as one marker.
-fn render(text: &str, segments: &[(usize, usize)], chosen: &[bool], by_lines: bool) -> String {
+/// The chosen segments in order, each run of the others as one marker
+/// (of the chars `chars` counts in each segment as rendered).
+fn render(
+    text: &str,
+    segments: &[(usize, usize)],
+    chosen: &[bool],
+    by_lines: bool,
+    chars: impl Fn(usize) -> usize,
+) -> String {
     let mut out = String::new();
     let mut omitted = 0usize;
     let flush = |out: &mut String, omitted: &mut usize| {
@@ -428,7 +553,7 @@ fn render(text: &str, segments: &[(usize, usize)], chosen: &[bool], by_lines: bo
             flush(&mut out, &mut omitted);
             out.push_str(&text[a..end]);
         } else {
-            omitted += char_count(&text[a..end]);
+            omitted += chars(s);
         }
     }
     if omitted > 0 {
@@ -475,6 +600,7 @@ fn window(text: &str, at: usize, max_chars: usize) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::terms::for_each_term;
     use super::*;
     use proptest::prelude::Strategy;
 
@@ -509,9 +635,31 @@ mod tests {
                 for bits in 0..1u32 << segments.len().min(12) {
                     let chosen: Vec<bool> =
                         (0..segments.len()).map(|s| bits & (1 << s) != 0).collect();
+                    // Picked in turn, and unpicked again to the same choice.
+                    let mut count = LayoutCount::new(&layout);
+                    for s in (0..segments.len()).rev().filter(|&s| chosen[s]) {
+                        count.pick(s);
+                    }
+                    let mut again = LayoutCount::new(&layout);
+                    for s in 0..segments.len() {
+                        again.pick(s);
+                    }
+                    for s in (0..segments.len()).filter(|&s| !chosen[s]) {
+                        again.unpick(s);
+                    }
+                    assert_eq!(count.chars(), again.chars());
                     assert_eq!(
-                        layout.chars(&chosen),
-                        char_count(&render(text, &segments, &chosen, by_lines)),
+                        render(text, &segments, &chosen, by_lines, |s| count
+                            .segment_chars(s)),
+                        render(text, &segments, &chosen, by_lines, |s| {
+                            piece_chars(text, &segments, by_lines, s)
+                        }),
+                    );
+                    assert_eq!(
+                        count.chars(),
+                        char_count(&render(text, &segments, &chosen, by_lines, |s| {
+                            piece_chars(text, &segments, by_lines, s)
+                        })),
                         "{text:?} {by_lines} {chosen:?}"
                     );
                 }
@@ -593,8 +741,49 @@ mod tests {
             &order,
             &first_match,
             max_chars,
-            |chosen| char_count(&render(text, &segments, chosen, by_lines)),
+            &mut Rendered {
+                text,
+                segments: &segments,
+                by_lines,
+                chosen: vec![false; segments.len()],
+            },
         )
+    }
+
+    /// [`Count`] by rendering.
+    struct Rendered<'t> {
+        text: &'t str,
+        segments: &'t [(usize, usize)],
+        by_lines: bool,
+        chosen: Vec<bool>,
+    }
+
+    impl Count for Rendered<'_> {
+        fn pick(&mut self, s: usize) {
+            self.chosen[s] = true;
+        }
+        fn unpick(&mut self, s: usize) {
+            self.chosen[s] = false;
+        }
+        fn chars(&self) -> usize {
+            char_count(&render(
+                self.text,
+                self.segments,
+                &self.chosen,
+                self.by_lines,
+                |s| self.segment_chars(s),
+            ))
+        }
+        fn segment_chars(&self, s: usize) -> usize {
+            piece_chars(self.text, self.segments, self.by_lines, s)
+        }
+    }
+
+    /// Chars of segment `s` as rendered, counted in the text.
+    fn piece_chars(text: &str, segments: &[(usize, usize)], by_lines: bool, s: usize) -> usize {
+        let (a, b) = segments[s];
+        let end = if by_lines && b < text.len() { b + 1 } else { b };
+        char_count(&text[a..end])
     }
 
     /// An in-memory cache, for the warm path.
