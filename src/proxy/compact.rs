@@ -358,11 +358,10 @@ pub fn outcome_of_parsed(
             }
             _ => body,
         };
-        let body = Bytes::from(body);
-        if spliced_as_is {
-            parsed.keep_splice(plan, &body);
+        match spliced_as_is {
+            true => parsed.keep_splice(plan, body),
+            false => Bytes::from(body),
         }
-        body
     });
     if let Some(m) = marked.filter(|m| !m.ids.is_empty()) {
         count_markers(&mut compacted.loss, &m);
