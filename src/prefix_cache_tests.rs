@@ -376,9 +376,9 @@ fn a_reused_splice_moves_a_dropped_items_marker_as_the_whole_splice_does() {
             .chain((1..n).filter(|&i| Some(i) != drop).map(Planned::verbatim))
             .collect(),
     };
-    let out = bytes::Bytes::from(parsed.splice(&plan(parsed.len(), None)));
+    let out = parsed.splice(&plan(parsed.len(), None));
     let kept = parsed.len();
-    parsed.keep_splice(plan(kept, None), &out);
+    parsed.keep_splice(plan(kept, None), out);
     prefixes.keep(lease, parsed);
     let (resumed, _) = prefixes.parse(1, format, &second, 100).unwrap();
     assert_eq!(prefixes.hits(), 1);

@@ -485,7 +485,9 @@ pub fn excluded_items(conversation: &Conversation, policy: &AgentPolicy) -> Vec<
 /// several results sharing a message) whose call's tool the policy touches.
 pub fn prunable_results(conversation: &Conversation, policy: &AgentPolicy) -> Vec<bool> {
     let items = &conversation.items;
-    let mut tools: HashMap<&str, &str> = HashMap::new();
+    // Hashed with Fx, not SipHash: stable mode reads every call of the
+    // history on every turn.
+    let mut tools: rustc_hash::FxHashMap<&str, &str> = Default::default();
     for item in items {
         for call in &item.tool_calls {
             tools.entry(call.id.as_str()).or_insert(call.name.as_str());

@@ -346,6 +346,12 @@ pub fn replay(
         checkpoints.put(*key, Arc::new(state.clone()));
     }
     let mut edits = AgentEdits::default();
+    // One edit per entry the replay cut: made room for at once, not grown.
+    let cut = state
+        .entries
+        .iter()
+        .filter(|e| !matches!(e.edit, Edit::None | Edit::Excerpt(_)));
+    edits.texts.reserve(cut.count());
     let plan = Plan {
         items: state
             .entries
@@ -444,7 +450,7 @@ fn collect_texts(state: &mut ReplayState) {
 /// holds every member of each tool group it touches, or a single item.
 fn unit_ends(conversation: &Conversation) -> Vec<usize> {
     let items = &conversation.items;
-    let mut last_of: std::collections::HashMap<u32, usize> = Default::default();
+    let mut last_of: rustc_hash::FxHashMap<u32, usize> = Default::default();
     for (i, item) in items.iter().enumerate() {
         if let Some(g) = item.group {
             last_of.insert(g, i);

@@ -84,10 +84,33 @@ impl<T> PerItem<T> {
 pub(crate) struct Spliced {
     /// The plan's items.
     pub items: Vec<Planned>,
-    /// The forwarded body: the splice's output.
-    pub out: Bytes,
+    /// The forwarded body: the splice's output, the bytes of a `String`
+    /// (made only by [`Parsed::keep_splice`]).
+    out: Bytes,
     /// Where in `out` the plan's last item ends.
-    pub items_end: usize,
+    items_end: usize,
+}
+
+impl Spliced {
+    /// The output up to the end of the plan's last item, as text, without
+    /// reading it again (it was a `String`'s); `None` if `items_end` is not
+    /// on a char boundary of it.
+    pub(crate) fn written_before(&self) -> Option<&str> {
+        let before = self.out.get(..self.items_end)?;
+        // A char boundary: the end, or a byte that does not continue a char.
+        if self
+            .out
+            .get(self.items_end)
+            .is_some_and(|&b| b & 0xC0 == 0x80)
+        {
+            return None;
+        }
+        // SAFETY: `out` holds the bytes of a `String` (it is private to this
+        // module, and set only by `keep_splice` from one), so it is UTF-8;
+        // `before` ends on a char boundary of it (checked above), so it is
+        // UTF-8 too.
+        Some(unsafe { std::str::from_utf8_unchecked(before) })
+    }
 }
 
 /// What a splice that can be reused said of its output: its length and
@@ -236,9 +259,12 @@ impl Parsed<'_> {
         made
     }
 
-    /// Keeps the body forwarded for `plan` (its last splice, `out`, when
-    /// nothing changed it after), for the next turn's splice to reuse.
-    pub fn keep_splice(&self, plan: super::Plan, out: &Bytes) {
+    /// The body to forward for `plan`, made of `out`; kept (when `out` is
+    /// its last splice, nothing changed after it) for the next turn's
+    /// splice to reuse. Takes the `String` so that the next turn need not
+    /// read the kept bytes again to know they are text.
+    pub fn keep_splice(&self, plan: super::Plan, out: String) -> Bytes {
+        let out = Bytes::from(out);
         let made = self
             .carried
             .made
@@ -246,13 +272,14 @@ impl Parsed<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         let Some(made) = made.filter(|m| m.len == out.len()) else {
-            return;
+            return out;
         };
         *self.carried.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(Spliced {
             items: plan.items,
             out: out.clone(),
             items_end: made.items_end,
         });
+        out
     }
 }
 

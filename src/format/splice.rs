@@ -388,7 +388,7 @@ impl Parsed<'_> {
         if plan.items.get(..k)? != prev.items.as_slice() {
             return None;
         }
-        let written_before = std::str::from_utf8(prev.out.get(..prev.items_end)?).ok()?;
+        let written_before = prev.written_before()?;
         let body = self.body;
         let mut written = Vec::with_capacity(plan.items.len() - k);
         let mut planned = plan.items[k..].iter().peekable();
@@ -414,7 +414,7 @@ impl Parsed<'_> {
             return None;
         }
         let after = body.len().saturating_sub(self.wire[last].span.end);
-        let mut out = String::with_capacity(prev.items_end + after);
+        let mut out = String::with_capacity(written_before.len() + after);
         out.push_str(written_before);
         for item in written {
             out.push(',');

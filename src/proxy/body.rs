@@ -135,6 +135,79 @@ impl Drop for Reservation {
 pub struct Collected {
     pub bytes: Bytes,
     pub hold: Reservation,
+    /// Whether `bytes` is a buffer of its own, exactly its length (the
+    /// body was assembled from several frames), rather than a slice of the
+    /// connection's read buffer.
+    pub own_buffer: bool,
+}
+
+impl Collected {
+    /// The body's bytes, as a store that outlives the request may keep them.
+    pub fn received(&self) -> Received {
+        Received {
+            bytes: self.bytes.clone(),
+            own_buffer: self.own_buffer,
+        }
+    }
+}
+
+/// A request body's bytes, and whether a store that outlives the request
+/// (the compaction cache, the prefix cache's snapshot) may keep them as
+/// they are. A store weighs what it keeps by its length, so it must never
+/// hold a slice of a larger buffer: hyper's read buffer, which a body that
+/// came in one frame is a slice of, would stay held, unaccounted. Bytes
+/// that are a whole allocation of exactly their length are kept as they
+/// are (a megabyte history, received in many frames, is not copied again);
+/// any other bytes are copied.
+#[derive(Debug, Clone)]
+pub struct Received {
+    bytes: Bytes,
+    own_buffer: bool,
+}
+
+impl Received {
+    /// Bytes that may be a slice of a larger buffer: kept as a copy.
+    pub fn borrowed(bytes: Bytes) -> Self {
+        Received {
+            bytes,
+            own_buffer: false,
+        }
+    }
+
+    /// A buffer made for these bytes: kept as it is when it is exactly
+    /// their length, as a copy when it has room to spare.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        let own_buffer = bytes.len() == bytes.capacity();
+        Received {
+            bytes: Bytes::from(bytes),
+            own_buffer,
+        }
+    }
+
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// Whether [`Self::to_keep`] shares these bytes rather than copying them.
+    pub fn owns_its_buffer(&self) -> bool {
+        self.own_buffer
+    }
+
+    /// The bytes for a store that outlives the request: these, shared,
+    /// when they are a buffer of their own; a copy otherwise.
+    pub fn to_keep(&self) -> Bytes {
+        match self.own_buffer {
+            true => self.bytes.clone(),
+            false => Bytes::copy_from_slice(&self.bytes),
+        }
+    }
+}
+
+impl std::ops::Deref for Received {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// The bounds on collecting one request body.
@@ -246,7 +319,11 @@ where
     }
     if let Some(bytes) = only_frame {
         hold.settle_at(bytes.len());
-        return Ok(Collected { bytes, hold });
+        return Ok(Collected {
+            bytes,
+            hold,
+            own_buffer: false,
+        });
     }
     // A body that came without a length may leave up to half its buffer
     // unused, and the buffer outlives the request when the cache keeps it,
@@ -256,8 +333,10 @@ where
     }
     // What the allocator gave may differ from what was reserved.
     hold.settle_at(buffer.capacity());
+    let received = Received::from_vec(buffer);
     Ok(Collected {
-        bytes: Bytes::from(buffer),
+        own_buffer: received.own_buffer,
+        bytes: received.bytes,
         hold,
     })
 }
@@ -423,6 +502,16 @@ pub fn request_coding(headers: &HeaderMap) -> Coding {
 /// pass `limit` (a small compressed body can expand enormously). A body
 /// without a coding is shared, not copied.
 pub fn decode(body: &Bytes, coding: Coding, limit: usize) -> Result<Bytes, ProxyError> {
+    decode_received(&Received::borrowed(body.clone()), coding, limit).map(|r| r.bytes)
+}
+
+/// [`decode`] for a received body: a body without a coding keeps what it
+/// is; a decoded one is a buffer of its own.
+pub fn decode_received(
+    body: &Received,
+    coding: Coding,
+    limit: usize,
+) -> Result<Received, ProxyError> {
     let reader: Box<dyn Read + '_> = match coding {
         Coding::Identity | Coding::Unsupported => return Ok(body.clone()),
         Coding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(&body[..])),
@@ -445,7 +534,7 @@ pub fn decode(body: &Bytes, coding: Coding, limit: usize) -> Result<Bytes, Proxy
     if out.len() > limit {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    Ok(out.into())
+    Ok(Received::from_vec(out))
 }
 
 /// When a request body last moved, shared between the body (which hyper's
@@ -870,6 +959,37 @@ mod tests {
         assert_ne!(collected.bytes.as_ptr(), frame.as_ptr(), "a copy");
         assert_eq!(collected.bytes, frame);
         assert_eq!(collected.hold.bytes(), 5000);
+    }
+
+    #[tokio::test]
+    async fn only_a_body_gathered_into_its_own_buffer_is_kept_without_a_copy() {
+        let budget = BufferBudget::new();
+        // One frame: a slice of the connection's read buffer, copied to keep.
+        let read_buffer = Bytes::from(vec![b'a'; 5000]);
+        let frame = read_buffer.slice(..1000);
+        let mut body = http_body_util::Full::new(frame.clone());
+        let collected = collect(&mut body, limits(10_000, 1 << 30), &budget)
+            .await
+            .unwrap();
+        assert!(!collected.own_buffer);
+        let kept = collected.received().to_keep();
+        assert_eq!(kept, frame);
+        assert_ne!(kept.as_ptr(), frame.as_ptr(), "a copy");
+        // Several frames: gathered into a buffer of exactly the body's
+        // length, kept as it is.
+        let mut body = frames(&[b"first ", b"second"]);
+        let collected = collect(&mut body, limits(12, 1 << 30), &budget)
+            .await
+            .unwrap();
+        assert!(collected.own_buffer);
+        let kept = collected.received().to_keep();
+        assert_eq!(kept.as_ptr(), collected.bytes.as_ptr(), "shared");
+        // A buffer with room to spare would keep the room: copied.
+        let mut spare = Vec::with_capacity(64);
+        spare.extend_from_slice(b"decoded");
+        let received = Received::from_vec(spare);
+        assert!(!received.owns_its_buffer());
+        assert_ne!(received.to_keep().as_ptr(), received.bytes().as_ptr());
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::body::{self, Coding};
+use super::body::{self, Coding, Received};
 use super::AppState;
 use crate::cache::{CompactionCache, PrefixCache};
 use crate::compaction::stable::Checkpoints;
@@ -83,7 +83,7 @@ pub(super) async fn decide(
     state: &Arc<AppState>,
     runtime: &Runtime,
     resolution: &Resolution,
-    raw: Bytes,
+    raw: Received,
     coding: Coding,
     goal: Option<String>,
 ) -> Result<Decided, ProxyError> {
@@ -198,13 +198,13 @@ fn compute(
     state: &AppState,
     policy: &CompiledPolicy,
     format: Format,
-    raw: &Bytes,
+    raw: &Received,
     coding: Coding,
     limits: Limits,
     goal: Option<String>,
 ) -> Result<Computed, Decline> {
     let billing = limits.billing.as_deref();
-    let decoded = match body::decode(raw, coding, limits.body_bytes) {
+    let decoded = match body::decode_received(raw, coding, limits.body_bytes) {
         Ok(decoded) => decoded,
         Err(e @ ProxyError::BodyTooLarge { .. }) => return Err(Decline::Refuse(e)),
         // Not ours to judge: the upstream may read what we cannot.
@@ -249,9 +249,10 @@ pub fn decide_decoded(
     prefixes: &PrefixCache,
     policy: &CompiledPolicy,
     format: Format,
-    decoded: &[u8],
+    received: &Received,
     max_messages: usize,
 ) -> Result<(Arc<Outcome>, bool), Skip> {
+    let decoded: &[u8] = received;
     let key = CompactionCache::key(policy.id, format, decoded);
     if let Some(hit) = cache.get(key, decoded) {
         return Ok((hit, true));
@@ -259,13 +260,17 @@ pub fn decide_decoded(
     let (parsed, lease) = prefixes.parse(policy.id, format, decoded, max_messages)?;
     refuse_agent_compaction(&parsed, policy)?;
     let outcome = Arc::new(outcome_of_parsed(&parsed, policy, checkpoints, None));
-    // A body the prefix cache keeps is copied once, for both caches.
-    let shared = lease.may_keep().then(|| Bytes::copy_from_slice(decoded));
+    // A body the prefix cache keeps is kept once, for both caches: shared
+    // when it is a buffer of its own, else copied.
+    let shared = lease.may_keep().then(|| received.to_keep());
     prefixes.keep_sharing(lease, parsed, shared.as_ref());
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
     match &shared {
         Some(shared) => cache.insert_shared(key, shared, outcome.clone()),
+        None if received.owns_its_buffer() => {
+            cache.insert_shared(key, received.bytes(), outcome.clone())
+        }
         None => cache.insert(key, decoded, outcome.clone()),
     }
     Ok((outcome, false))
@@ -353,11 +358,10 @@ pub fn outcome_of_parsed(
             }
             _ => body,
         };
-        let body = Bytes::from(body);
-        if spliced_as_is {
-            parsed.keep_splice(plan, &body);
+        match spliced_as_is {
+            true => parsed.keep_splice(plan, body),
+            false => Bytes::from(body),
         }
-        body
     });
     if let Some(m) = marked.filter(|m| !m.ids.is_empty()) {
         count_markers(&mut compacted.loss, &m);
@@ -404,5 +408,75 @@ pub fn status_of(policy: &CompiledPolicy, outcome: &Outcome) -> Status {
         Status::Skipped("nothing-removable")
     } else {
         Status::Unchanged
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CheckpointStore;
+    use crate::config::Mode;
+    use crate::engine::Policy;
+
+    /// A chat body past the prefix cache's smallest (so both caches keep
+    /// it) and past its budget (so it is compacted).
+    fn large_body() -> Vec<u8> {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": "begin"})];
+        for i in 0..40 {
+            messages.push(serde_json::json!({"role": "assistant", "content": format!("step {i}")}));
+            messages.push(serde_json::json!({"role": "user", "content": "word ".repeat(400)}));
+        }
+        serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
+    }
+
+    /// The proxy's stores, as long as a test holds them.
+    type Stores = (CompactionCache, CheckpointStore, PrefixCache);
+
+    fn decide(received: &Received) -> Stores {
+        let mut policy = CompiledPolicy::plain("keep", Policy::with_budget(10_000));
+        policy.mode = Mode::Stable;
+        let (cache, checkpoints, prefixes) = (
+            CompactionCache::new(64 << 20),
+            CheckpointStore::new(16 << 20),
+            PrefixCache::new(64 << 20),
+        );
+        let (outcome, hit) = decide_decoded(
+            &cache,
+            &checkpoints,
+            &prefixes,
+            &policy,
+            Format::Chat,
+            received,
+            10_000,
+        )
+        .unwrap();
+        assert!(!hit);
+        assert!(outcome.rewritten.is_some(), "compacted");
+        (cache, checkpoints, prefixes)
+    }
+
+    #[test]
+    fn a_body_sliced_from_a_larger_buffer_is_kept_as_a_copy() {
+        let body = large_body();
+        assert!(body.len() >= crate::format::resume::MIN_SNAPSHOT_BYTES);
+        let mut read_buffer = body.clone();
+        read_buffer.extend_from_slice(&[b' '; 100_000]);
+        let read_buffer = Bytes::from(read_buffer);
+        let _stores = decide(&Received::borrowed(read_buffer.slice(..body.len())));
+        assert!(
+            read_buffer.is_unique(),
+            "no store holds on to the larger buffer"
+        );
+    }
+
+    #[test]
+    fn a_body_of_its_own_buffer_is_kept_as_it_is() {
+        let received = Received::from_vec(large_body().into_boxed_slice().into_vec());
+        assert!(received.owns_its_buffer());
+        let _stores = decide(&received);
+        assert!(
+            !received.bytes().is_unique(),
+            "the stores share the received bytes"
+        );
     }
 }

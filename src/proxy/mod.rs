@@ -185,17 +185,21 @@ async fn proxy_request(
 
     let received =
         body::collect_request(&parts, body, body::limits(&runtime), &state.buffers).await;
-    let Collected { bytes: raw, hold } = match received {
+    let collected = match received {
         Ok(collected) => collected,
         Err(e) => return refuse(e, Some(&resolution), record),
     };
+    let received = collected.received();
+    let Collected {
+        bytes: raw, hold, ..
+    } = collected;
     let coding = body::request_coding(&parts.headers);
     let goal = resolution.policy.relevance_goal(&parts.headers);
     let decided = match compact::decide(
         &state,
         &runtime,
         &resolution,
-        raw.clone(),
+        received,
         coding,
         goal.clone(),
     )
