@@ -33,7 +33,7 @@
 //! 6. **forward** ([`upstream`]): hop-by-hop headers stripped, Host set for
 //!    the upstream; 502 if unreachable, 504 without headers in time, each
 //!    in the error shape of the route's format.
-//! 7. **stream back** ([`body::Watched`]): the response goes back frame by
+//! 7. **stream back** ([`in_flight::Watched`]): the response goes back frame by
 //!    frame with the loss report headers ([`headers`]), cut after an idle
 //!    timeout; a departing client drops the upstream request. A protocol
 //!    upgrade (WebSocket) answered 101 becomes a byte tunnel. With recall
@@ -52,6 +52,7 @@ pub mod compact;
 pub mod context_compact;
 pub mod decisions;
 pub mod headers;
+pub mod in_flight;
 mod model_input;
 pub mod recall;
 pub mod server;
@@ -75,7 +76,8 @@ use crate::format::Format;
 use crate::metrics::{Ending, RequestEvent};
 use crate::outcome::{LossSummary, Status};
 use crate::policy::{Resolution, Runtime};
-use body::{BodyEnd, Collected, ProxyBody};
+use body::{Collected, ProxyBody};
+use in_flight::BodyEnd;
 pub use state::AppState;
 use state::TunnelGuard;
 
@@ -726,7 +728,7 @@ async fn forward(
             v.report_id,
         )
     });
-    let watched = body::Watched::new(upstream_body, idle, move |end: BodyEnd, read| {
+    let watched = in_flight::Watched::new(upstream_body, idle, move |end: BodyEnd, read| {
         if let (Some(read), Some((prices, baseline, format, report_id))) = (read, billing) {
             record.bill = crate::usage::Bill::of(read, &prices, baseline.as_ref(), format);
             if let (Some(id), Some(bill)) = (report_id, &record.bill) {

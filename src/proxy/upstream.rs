@@ -250,7 +250,7 @@ impl Upstream {
         // body that stops moving (a stalled client, an upstream no longer
         // reading) cannot hold the request forever.
         let (parts, body) = request.into_parts();
-        let (body, progress) = super::body::track_progress(body);
+        let (body, progress) = super::in_flight::track_progress(body);
         let response = self.dispatch(Request::from_parts(parts, body), upgrade);
         let watch = progress.clone();
         let body_idle = body_idle.min(header_timeout);
@@ -483,7 +483,7 @@ fn host_header(base: &Uri) -> Option<HeaderValue> {
 fn client_body_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut source = Some(e);
     while let Some(err) = source {
-        if let Some(client) = err.downcast_ref::<super::body::ClientBodyError>() {
+        if let Some(client) = err.downcast_ref::<super::in_flight::ClientBodyError>() {
             return Some(client.to_string());
         }
         source = err.source();

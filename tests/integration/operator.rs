@@ -508,7 +508,7 @@ impl http_body::Body for ThenSilence {
 }
 
 /// How a watched stream is recorded when the client leaves after `frames`.
-async fn ending_after(frames: &[&'static str]) -> compaction_proxy::proxy::body::BodyEnd {
+async fn ending_after(frames: &[&'static str]) -> compaction_proxy::proxy::in_flight::BodyEnd {
     use http_body_util::BodyExt;
     let (tx, rx) = std::sync::mpsc::channel();
     let body = ThenSilence(
@@ -517,7 +517,7 @@ async fn ending_after(frames: &[&'static str]) -> compaction_proxy::proxy::body:
             .map(|f| bytes::Bytes::from_static(f.as_bytes()))
             .collect(),
     );
-    let mut watched = compaction_proxy::proxy::body::Watched::new(
+    let mut watched = compaction_proxy::proxy::in_flight::Watched::new(
         body,
         Duration::from_secs(60),
         move |end, _| tx.send(end).unwrap(),
@@ -531,7 +531,7 @@ async fn ending_after(frames: &[&'static str]) -> compaction_proxy::proxy::body:
 
 #[tokio::test]
 async fn a_stream_that_delivered_its_terminal_event_is_complete_when_the_client_leaves() {
-    use compaction_proxy::proxy::body::BodyEnd;
+    use compaction_proxy::proxy::in_flight::BodyEnd;
     for terminal in [
         "data: [DONE]\n\n",
         "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
