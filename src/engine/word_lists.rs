@@ -76,21 +76,27 @@ impl HistoryWords {
     /// Puts what reading gave back into an empty `vocab`, `counts` and
     /// `sets`.
     fn restore(&self, vocab: &mut Vocabulary, counts: &mut Vec<u32>, sets: &mut Vec<Vec<u32>>) {
+        self.intern_words(vocab, |_, _| {});
+        self.restore_lists(counts, sets);
+    }
+
+    /// Interns the words it holds into `vocab`, in their order; `each` is
+    /// given every word's id there as it comes.
+    fn intern_words(&self, vocab: &mut Vocabulary, mut each: impl FnMut(&Vocabulary, u32)) {
         let mut long_start = 0;
         let mut long_ends = self.long_ends.iter();
         for &key in self.words.iter() {
-            match key {
+            let id = match key {
                 0 => {
                     let end = long_ends.next().map_or(self.long.len(), |&e| e as usize);
-                    vocab.intern_long(self.long.get(long_start..end).unwrap_or_default());
+                    let word = self.long.get(long_start..end).unwrap_or_default();
                     long_start = end;
+                    vocab.intern_long(word)
                 }
-                key => {
-                    vocab.intern_packed(key);
-                }
-            }
+                key => vocab.intern_packed(key),
+            };
+            each(vocab, id);
         }
-        self.restore_lists(counts, sets);
     }
 
     /// Puts the counts and sets back (into empty ones), their ids those
@@ -208,17 +214,6 @@ impl TextWords {
         }
     }
 
-    /// The run's id of word `id` of the kept vocabulary, appended to the
-    /// run's `vocab` the first time.
-    fn run_id(&mut self, id: u32, vocab: &mut Vocabulary) -> u32 {
-        self.run_ids.resize(self.vocab.len(), (0, 0));
-        let slot = &mut self.run_ids[id as usize];
-        if slot.0 != self.run {
-            *slot = (self.run, vocab.push_from(&self.vocab, id));
-        }
-        slot.1
-    }
-
     /// The word set of `text` (keyed `key`) in the run's `vocab`, its
     /// words' occurrences added to `counts` (grown to at least the
     /// vocabulary's length); read and kept unless kept already.
@@ -242,12 +237,9 @@ impl TextWords {
         self.run_ids.resize(self.vocab.len(), (0, 0));
         let mut set = Vec::with_capacity(words.len());
         for (&word, &n) in words.iter().zip(occurrences) {
-            let slot = &mut self.run_ids[word as usize];
-            if slot.0 != self.run {
-                *slot = (self.run, vocab.push_from(&self.vocab, word));
-            }
-            counts[slot.1 as usize] += n;
-            set.push(slot.1);
+            let id = run_id(&mut self.run_ids, self.run, &self.vocab, word, vocab);
+            counts[id as usize] += n;
+            set.push(id);
         }
         // Past the bound, what was read is not kept.
         if self.ids.len() > TEXT_WORDS_MAX {
@@ -262,13 +254,9 @@ impl TextWords {
     /// `key`; their range in `ids` and `counts`.
     #[cold]
     fn keep(&mut self, text: &str, key: u128) -> (usize, usize) {
-        self.reader.ids.clear();
-        self.vocab.words_of(text, &mut self.reader.ids);
-        let set = self.reader.sets.of(&self.reader.ids, self.vocab.len());
-        self.occurrences.resize(self.vocab.len(), 0);
-        for &id in &self.reader.ids {
-            self.occurrences[id as usize] += 1;
-        }
+        let set = self
+            .reader
+            .read(text, &mut self.vocab, &mut self.occurrences);
         let start = self.ids.len();
         for &id in &set {
             self.ids.push(id);
@@ -291,26 +279,39 @@ impl TextWords {
         counts: &mut Vec<u32>,
         sets: &mut Vec<Vec<u32>>,
     ) -> bool {
-        let mut long_start = 0;
-        let mut long_ends = found.long_ends.iter();
-        for &key in found.words.iter() {
-            let id = match key {
-                0 => {
-                    let end = long_ends.next().map_or(found.long.len(), |&e| e as usize);
-                    let word = found.long.get(long_start..end).unwrap_or_default();
-                    long_start = end;
-                    self.vocab.intern_long(word)
-                }
-                key => self.vocab.intern_packed(key),
-            };
-            self.run_id(id, vocab);
-        }
+        let TextWords {
+            vocab: kept,
+            run_ids,
+            run,
+            ..
+        } = self;
+        found.intern_words(kept, |kept, id| {
+            run_ids.resize(kept.len(), (0, 0));
+            run_id(run_ids, *run, kept, id, vocab);
+        });
         if vocab.len() != found.words.len() {
             return false;
         }
         found.restore_lists(counts, sets);
         true
     }
+}
+
+/// The run's id of word `id` of the kept vocabulary `kept`, appended to
+/// the run's `vocab` the first time the run meets it (`run_ids` stamps
+/// each word with the run that took it).
+fn run_id(
+    run_ids: &mut [(u32, u32)],
+    run: u32,
+    kept: &Vocabulary,
+    id: u32,
+    vocab: &mut Vocabulary,
+) -> u32 {
+    let slot = &mut run_ids[id as usize];
+    if slot.0 != run {
+        *slot = (run, vocab.push_from(kept, id));
+    }
+    slot.1
 }
 
 /// Caches with a [`TextWords`] of one compaction beside them: what the
