@@ -87,27 +87,17 @@ impl CompactionCache {
         (entry.input.as_ref() == input).then(|| entry.outcome.clone())
     }
 
-    /// Keeps `outcome` for `input`. A compaction is kept at once. A body
-    /// forwarded as it came (it fit) is kept only when seen a second time:
-    /// deciding it again costs just a parse, most such bodies never come
-    /// back (each turn of a conversation is a new body), and keeping every
-    /// one cost a copy and an eviction per request, a fifth of the CPU of
-    /// a new 20 KB request. Keeps its own copy of `input`: a request body
-    /// is often a slice of a larger buffer (hyper's read buffer), which an
-    /// entry weighed by the body's length must not hold on to.
-    pub fn insert(&self, key: CacheKey, input: &[u8], outcome: Arc<Outcome>) {
-        self.insert_with(key, outcome, || Bytes::copy_from_slice(input));
-    }
-
-    /// [`Self::insert`], keeping `shared` (a copy of `input`'s bytes made
-    /// for another store too) rather than a copy of its own.
-    pub fn insert_shared(&self, key: CacheKey, shared: &Bytes, outcome: Arc<Outcome>) {
-        self.insert_with(key, outcome, || shared.clone());
-    }
-
-    /// The insert both share: `input` gives the entry's bytes, asked for
-    /// only when the entry is kept.
-    fn insert_with(&self, key: CacheKey, outcome: Arc<Outcome>, input: impl FnOnce() -> Bytes) {
+    /// Keeps `outcome` for the body `input` gives. A compaction is kept at
+    /// once. A body forwarded as it came (it fit) is kept only when seen a
+    /// second time: deciding it again costs just a parse, most such bodies
+    /// never come back (each turn of a conversation is a new body), and
+    /// keeping every one cost a copy and an eviction per request, a fifth
+    /// of the CPU of a new 20 KB request. So `input` is asked for only when
+    /// the entry is kept; it must give bytes the entry may hold (a copy, or
+    /// a buffer of its own): a request body is often a slice of a larger
+    /// buffer (hyper's read buffer), which an entry weighed by the body's
+    /// length must not hold on to.
+    pub fn insert(&self, key: CacheKey, outcome: Arc<Outcome>, input: impl FnOnce() -> Bytes) {
         let Some(entries) = &self.entries else { return };
         if outcome.rewritten.is_none() {
             let slot = &self.seen_once[key.0 as usize % SEEN_ONCE_SLOTS];
@@ -491,12 +481,12 @@ mod tests {
             beta: None,
         });
         let (a, b) = (key(1, Format::Chat, b"a"), key(1, Format::Chat, b"b"));
-        cache.insert(a, b"a", unchanged.clone());
+        cache.insert(a, unchanged.clone(), || Bytes::from_static(b"a"));
         assert!(cache.get(a, b"a").is_none(), "seen once: not kept");
-        cache.insert(a, b"a", unchanged.clone());
+        cache.insert(a, unchanged.clone(), || Bytes::from_static(b"a"));
         assert!(cache.get(a, b"a").is_some(), "seen twice: kept");
         // A compaction is kept at once.
-        cache.insert(b, b"b", outcome());
+        cache.insert(b, outcome(), || Bytes::from_static(b"b"));
         assert!(cache.get(b, b"b").is_some());
     }
 
@@ -504,7 +494,7 @@ mod tests {
     fn a_key_hit_with_other_bytes_is_a_miss() {
         let cache = CompactionCache::new(1 << 20);
         let shared = key(1, Format::Chat, b"body");
-        cache.insert(shared, b"body", outcome());
+        cache.insert(shared, outcome(), || Bytes::from_static(b"body"));
         assert!(cache.get(shared, b"body").is_some());
         assert!(cache.get(shared, b"another body, same key").is_none());
     }
@@ -535,7 +525,9 @@ mod tests {
         // a key, and each is answered only for its own bytes.
         let plain = vec![b'a'; 10 * KEY_EDGE_BYTES];
         assert_eq!(key(1, Format::Chat, &middle), key(1, Format::Chat, &plain));
-        cache.insert(key(1, Format::Chat, &middle), &middle, outcome());
+        cache.insert(key(1, Format::Chat, &middle), outcome(), || {
+            Bytes::copy_from_slice(&middle)
+        });
         assert!(get(&cache, 1, Format::Chat, &middle).is_some());
         assert!(get(&cache, 1, Format::Chat, &plain).is_none());
     }
@@ -543,7 +535,9 @@ mod tests {
     #[test]
     fn hits_only_for_the_same_policy_and_bytes() {
         let cache = CompactionCache::new(1 << 20);
-        cache.insert(key(1, Format::Chat, b"body"), b"body", outcome());
+        cache.insert(key(1, Format::Chat, b"body"), outcome(), || {
+            Bytes::from_static(b"body")
+        });
         assert!(get(&cache, 1, Format::Chat, b"body").is_some());
         assert!(get(&cache, 1, Format::Anthropic, b"body").is_none());
         assert!(get(&cache, 2, Format::Chat, b"body").is_none());
@@ -555,7 +549,9 @@ mod tests {
     #[test]
     fn size_zero_turns_the_cache_off() {
         let cache = CompactionCache::new(0);
-        cache.insert(key(1, Format::Chat, b"body"), b"body", outcome());
+        cache.insert(key(1, Format::Chat, b"body"), outcome(), || {
+            Bytes::from_static(b"body")
+        });
         assert!(get(&cache, 1, Format::Chat, b"body").is_none());
     }
 

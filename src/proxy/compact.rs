@@ -266,13 +266,9 @@ pub fn decide_decoded(
     prefixes.keep_sharing(lease, parsed, shared.as_ref());
     // Inserted here, not after the await: work a departed client paid for
     // still serves its retry.
-    match &shared {
-        Some(shared) => cache.insert_shared(key, shared, outcome.clone()),
-        None if received.owns_its_buffer() => {
-            cache.insert_shared(key, received.bytes(), outcome.clone())
-        }
-        None => cache.insert(key, decoded, outcome.clone()),
-    }
+    cache.insert(key, outcome.clone(), || {
+        shared.unwrap_or_else(|| received.to_keep())
+    });
     Ok((outcome, false))
 }
 
