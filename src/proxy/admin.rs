@@ -211,7 +211,7 @@ async fn compact_report(
         .expect("the compaction semaphore is never closed");
     let computed = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let parsed = memory_compact::parse(&collected.bytes)?;
+        let parsed = memory_compact::parse(collected.received.bytes())?;
         drop(collected);
         let report = parsed.compact();
         Ok::<_, ProxyError>(serde_json::to_vec(&report).expect("reports serialise"))

@@ -131,22 +131,11 @@ impl Drop for Reservation {
 /// A collected request body and its share of the buffer budget.
 #[derive(Debug)]
 pub struct Collected {
-    pub bytes: Bytes,
-    pub hold: Reservation,
-    /// Whether `bytes` is a buffer of its own, exactly its length (the
-    /// body was assembled from several frames), rather than a slice of the
+    /// The body's bytes, and whether they are a buffer of their own (the
+    /// body was assembled from several frames) or a slice of the
     /// connection's read buffer.
-    pub own_buffer: bool,
-}
-
-impl Collected {
-    /// The body's bytes, as a store that outlives the request may keep them.
-    pub fn received(&self) -> Received {
-        Received {
-            bytes: self.bytes.clone(),
-            own_buffer: self.own_buffer,
-        }
-    }
+    pub received: Received,
+    pub hold: Reservation,
 }
 
 /// A request body's bytes, and whether a store that outlives the request
@@ -318,9 +307,8 @@ where
     if let Some(bytes) = only_frame {
         hold.settle_at(bytes.len());
         return Ok(Collected {
-            bytes,
+            received: Received::borrowed(bytes),
             hold,
-            own_buffer: false,
         });
     }
     // A body that came without a length may leave up to half its buffer
@@ -331,10 +319,8 @@ where
     }
     // What the allocator gave may differ from what was reserved.
     hold.settle_at(buffer.capacity());
-    let received = Received::from_vec(buffer);
     Ok(Collected {
-        own_buffer: received.own_buffer,
-        bytes: received.bytes,
+        received: Received::from_vec(buffer),
         hold,
     })
 }
@@ -633,7 +619,7 @@ mod tests {
         let collected = collect(&mut body, limits(1 << 20, 1 << 30), &budget)
             .await
             .unwrap();
-        assert_eq!(collected.bytes.len(), 100_000);
+        assert_eq!(collected.received.bytes().len(), 100_000);
         // Grown by doubling, then shrunk: the cache weighs a kept body by
         // its length, so nothing more may stay held.
         assert_eq!(collected.hold.bytes(), 100_000);
@@ -675,7 +661,11 @@ mod tests {
         let collected = collect(&mut body, limits(10_000, 1 << 30), &budget)
             .await
             .unwrap();
-        assert_eq!(collected.bytes.as_ptr(), frame.as_ptr(), "no copy");
+        assert_eq!(
+            collected.received.bytes().as_ptr(),
+            frame.as_ptr(),
+            "no copy"
+        );
         assert_eq!(collected.hold.bytes(), 5000);
         assert_eq!(budget.held(), 5000);
         drop(collected);
@@ -689,8 +679,12 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_ne!(collected.bytes.as_ptr(), frame.as_ptr(), "a copy");
-        assert_eq!(collected.bytes, frame);
+        assert_ne!(
+            collected.received.bytes().as_ptr(),
+            frame.as_ptr(),
+            "a copy"
+        );
+        assert_eq!(*collected.received.bytes(), frame);
         assert_eq!(collected.hold.bytes(), 5000);
     }
 
@@ -704,8 +698,8 @@ mod tests {
         let collected = collect(&mut body, limits(10_000, 1 << 30), &budget)
             .await
             .unwrap();
-        assert!(!collected.own_buffer);
-        let kept = collected.received().to_keep();
+        assert!(!collected.received.owns_its_buffer());
+        let kept = collected.received.to_keep();
         assert_eq!(kept, frame);
         assert_ne!(kept.as_ptr(), frame.as_ptr(), "a copy");
         // Several frames: gathered into a buffer of exactly the body's
@@ -714,9 +708,9 @@ mod tests {
         let collected = collect(&mut body, limits(12, 1 << 30), &budget)
             .await
             .unwrap();
-        assert!(collected.own_buffer);
-        let kept = collected.received().to_keep();
-        assert_eq!(kept.as_ptr(), collected.bytes.as_ptr(), "shared");
+        assert!(collected.received.owns_its_buffer());
+        let kept = collected.received.to_keep();
+        assert_eq!(kept.as_ptr(), collected.received.bytes().as_ptr(), "shared");
         // A buffer with room to spare would keep the room: copied.
         let mut spare = Vec::with_capacity(64);
         spare.extend_from_slice(b"decoded");
@@ -732,7 +726,7 @@ mod tests {
         let collected = collect(&mut body, limits(12, 1 << 30), &budget)
             .await
             .unwrap();
-        assert_eq!(&collected.bytes[..], b"first second");
+        assert_eq!(&collected.received.bytes()[..], b"first second");
         assert_eq!(collected.hold.bytes(), 12);
         assert_eq!(budget.held(), 12);
         let mut body = frames(&[b"first ", b"second!"]);

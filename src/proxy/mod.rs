@@ -191,10 +191,8 @@ async fn proxy_request(
         Ok(collected) => collected,
         Err(e) => return refuse(e, Some(&resolution), record),
     };
-    let received = collected.received();
-    let Collected {
-        bytes: raw, hold, ..
-    } = collected;
+    let Collected { received, hold } = collected;
+    let raw = received.bytes().clone();
     let coding = body::request_coding(&parts.headers);
     let goal = resolution.policy.relevance_goal(&parts.headers);
     let decided = match compact::decide(
