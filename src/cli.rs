@@ -310,7 +310,7 @@ fn compact(
         }
     };
     match (
-        proxy::compact::status_of(&policy, &outcome),
+        crate::compaction::status::status_of(&policy, &outcome),
         &outcome.rewritten,
     ) {
         (Status::Compacted, Some(body)) => stdout.write_all(body)?,

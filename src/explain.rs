@@ -13,9 +13,9 @@ use moka::sync::Cache;
 use serde::Serialize;
 
 use crate::compaction::agent::{CallDecision, UnitDecision};
+use crate::compaction::policy::CompiledPolicy;
 use crate::engine::{Cut, ProtectedBecause, Report, Role};
 use crate::format::{Format, Skip};
-use crate::policy::CompiledPolicy;
 
 /// What became of one input message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -237,7 +237,7 @@ pub fn explain_decided<'a, 'b>(
 ) -> Result<Explained<'a, 'b>, Skip> {
     let checkpoints = crate::compaction::stable::NoCheckpoints;
     let parsed = format.parse(input, max_messages)?;
-    crate::proxy::compact::refuse_agent_compaction(&parsed, policy)?;
+    crate::compaction::status::refuse_agent_compaction(&parsed, policy)?;
     // The proxy's own compaction (crate::proxy::compact::outcome_of).
     let compacted = crate::compaction::compact_decided(&parsed, policy, &checkpoints, decided);
     let conversation = &parsed.conversation;
@@ -284,7 +284,7 @@ pub fn explain_decided<'a, 'b>(
         // The markers as the proxy forwards them (proxy::compact).
         let marked = crate::compaction::recall::mark(&parsed, plan);
         if !marked.ids.is_empty() {
-            crate::proxy::compact::count_markers(&mut loss, &marked);
+            marked.add_to(&mut loss);
         }
         attach_recall_ids(&mut lines, &marked.ids);
         lines = with_marker_lines(lines, &marked.runs);
@@ -292,7 +292,7 @@ pub fn explain_decided<'a, 'b>(
     }
     let report = RequestReport {
         policy: name,
-        status: crate::proxy::compact::status_of(policy, &outcome).header(),
+        status: crate::compaction::status::status_of(policy, &outcome).header(),
         loss,
         messages: lines,
     };

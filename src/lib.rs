@@ -5,7 +5,7 @@
 //! Modules by concern (a request's path through them is documented in
 //! [`proxy`]):
 //! - [`engine`]: the pure compaction engine of `COMPACTION.md` (no I/O).
-//! - [`format`]: the body formats, side by side behind one interface.
+//! - [`format`](mod@format): the body formats, side by side behind one interface.
 //! - [`compaction`]: the format-neutral pipeline (pins, exact or stable
 //!   mode, format rules, loss), pure like the engine.
 //! - [`outcome`]: what compacting one body produced.
@@ -22,6 +22,11 @@
 //!   per wire format), and map-reduce over large transcripts.
 //! - [`store`]: summaries keyed by what they were made from.
 //! - [`cli`]: the commands of the binary.
+//!
+//! Each module uses only modules below it: no two top-level modules name
+//! each other, however indirectly, and the pure core ([`engine`],
+//! [`format`](mod@format), [`compaction`], [`outcome`]) names no I/O; the test
+//! `module_layers` reads the source and checks both.
 
 pub mod analysis_store;
 pub mod cache;

@@ -4,8 +4,6 @@
 
 use bytes::Bytes;
 
-use crate::compaction::stable::StableInfo;
-
 /// The outcome of one body under one policy.
 #[derive(Debug)]
 pub struct Outcome {
@@ -229,4 +227,20 @@ impl LossSummary {
             budget_tokens: None,
         }
     }
+}
+
+/// What stable mode reports besides the loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StableInfo {
+    /// Leading forwarded items that the previous turn forwarded too.
+    pub stable_messages: usize,
+    /// This turn's new items (after the last assistant item) caused a
+    /// re-compaction.
+    pub rebased: bool,
+    /// Re-compactions this request's replay ran (0 when resumed warm and
+    /// only appended).
+    pub recompactions: usize,
+    /// Whether the replay resumed from a checkpoint; `None` when no replay
+    /// ran (the conversation fits its budget).
+    pub resumed: Option<bool>,
 }

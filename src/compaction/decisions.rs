@@ -26,10 +26,10 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::agent::{AgentEdits, TextEdit};
+use crate::compaction::policy::CompiledPolicy;
 use crate::engine::text::{char_count, char_prefix, omission_marker};
 use crate::engine::Role;
 use crate::format::{Conversation, Parsed};
-use crate::policy::CompiledPolicy;
 
 /// What a model decided for one call (ReMe's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -31,7 +31,7 @@ use crate::engine::text::{char_count, thousands};
 use crate::format::{Format, Parsed, Plan};
 
 /// The name of the tool the proxy adds and answers itself.
-pub const TOOL_NAME: &str = "compaction_recall";
+pub use crate::format::recall::TOOL_NAME;
 
 /// A policy's recall limits (`recall_max_chars`, `recall_max_rounds`,
 /// `recall_max_added_bytes`).
@@ -242,6 +242,18 @@ pub struct Marked {
     pub added_chars: usize,
     /// What each marker message of `inserts` stands for, in the same order.
     pub runs: Vec<DroppedRun>,
+}
+
+impl Marked {
+    /// Counts what the markers add to the forwarded body in its loss.
+    pub fn add_to(&self, loss: &mut crate::outcome::LossSummary) {
+        loss.output_chars += self.added_chars;
+        loss.output_messages += self.inserts.len();
+        if loss.input_chars > 0 {
+            loss.retained_ratio =
+                crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
+        }
+    }
 }
 
 /// A run of dropped items one marker message stands for.

@@ -13,10 +13,10 @@ use foldhash::fast::RandomState;
 type IdMap<'a, V> = HashMap<&'a str, V, RandomState>;
 
 use super::agent::{AgentEdits, TextEdit};
+use crate::compaction::policy::CompiledPolicy;
 use crate::engine::relevance::{excerpt_cached, AnalysisCache, Relevance};
 use crate::engine::{text::char_count, ScoringMethod};
 use crate::format::Conversation;
-use crate::policy::CompiledPolicy;
 
 /// What relevance reads of each item beside its text: for a tool result,
 /// its call's name and arguments (a config file's path is often only

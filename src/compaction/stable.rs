@@ -32,10 +32,11 @@ use std::borrow::Cow;
 use super::agent::{self, AgentEdits, TextEdit};
 use super::tokens::Encoding;
 use crate::analysis_store::AnalysisStore;
+use crate::compaction::policy::CompiledPolicy;
 use crate::engine::word_lists::WithTextWords;
 use crate::engine::{self, text::char_count, text::char_prefix, Message};
 use crate::format::{Conversation, Parsed, Plan, Planned, Reasoning};
-use crate::policy::CompiledPolicy;
+pub use crate::outcome::StableInfo;
 
 /// One item of the running form: which item, what the agent passes made
 /// of it, and how many chars of that text are kept (a prefix).
@@ -135,22 +136,6 @@ impl Checkpoints for NoCheckpoints {
     fn keeps(&self) -> bool {
         false
     }
-}
-
-/// What stable mode reports besides the loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StableInfo {
-    /// Leading forwarded items that the previous turn forwarded too.
-    pub stable_messages: usize,
-    /// This turn's new items (after the last assistant item) caused a
-    /// re-compaction.
-    pub rebased: bool,
-    /// Re-compactions this request's replay ran (0 when resumed warm and
-    /// only appended).
-    pub recompactions: usize,
-    /// Whether the replay resumed from a checkpoint; `None` when no replay
-    /// ran (the conversation fits its budget).
-    pub resumed: Option<bool>,
 }
 
 /// The outcome of a replay.

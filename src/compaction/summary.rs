@@ -23,11 +23,20 @@
 //! [`respect_preserved_thinking`] is where a stricter rule of the engine
 //! applies to summaries too.
 
-use crate::config::SummaryRole;
+use crate::compaction::policy::CompiledPolicy;
 use crate::engine::Role;
 use crate::format::{Conversation, Format, Parsed, Plan, Planned};
 use crate::outcome::LossSummary;
-use crate::policy::CompiledPolicy;
+use serde::{Deserialize, Serialize};
+
+/// The role of a chat completions summary message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SummaryRole {
+    #[default]
+    User,
+    System,
+}
 
 /// The first line of every summary message.
 pub const MARKER_PREFIX: &str = "[compaction-proxy summary ";

@@ -17,6 +17,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::compaction::policy::Mode;
+pub use crate::compaction::summary::SummaryRole;
 use crate::engine::{Policy, RelevancePolicy, Role, ScoringMethod};
 
 mod load;
@@ -211,17 +213,6 @@ impl Default for CacheConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Compact each request on its own.
-    Exact,
-    /// Keep the forwarded prefix stable across turns, so prompt caching
-    /// keeps working ([`crate::compaction::stable`]).
-    #[default]
-    Stable,
-}
-
 /// Where a policy's token budget comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -281,15 +272,6 @@ pub enum ToolDecisions {
     /// The policy's `summarizer` model judges each eligible call (`keep`,
     /// `drop_result`, `drop_call`, seed 004) before the passes run.
     Model,
-}
-
-/// The role of a chat completions summary message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SummaryRole {
-    #[default]
-    User,
-    System,
 }
 
 /// One `[summarizers.<name>]` section: a model the proxy asks for summaries.

@@ -3,6 +3,7 @@
 //! compiled policies, routes and summarizers a [`Runtime`] holds.
 
 use super::*;
+use regex::RegexSet;
 
 impl Runtime {
     /// Checks and compiles `config`, reporting every problem at once.
@@ -195,10 +196,13 @@ impl Runtime {
                 }
             };
             match compile_policy(name, p, &analyses) {
-                Ok(mut c) => {
-                    c.summary = summary;
-                    c.decisions = decisions;
-                    policies.insert(name.clone(), Arc::new(c));
+                Ok(c) => {
+                    let models = ModelCalls { summary, decisions };
+                    let configured = Configured {
+                        policy: Arc::new(c),
+                        models: Arc::new(models),
+                    };
+                    policies.insert(name.clone(), configured);
                 }
                 Err(list) => {
                     for (key, message) in list {
@@ -648,7 +652,7 @@ pub(super) fn compile_policy(
     }
     match pin_patterns {
         Ok(pin_patterns) if problems.is_empty() => Ok(CompiledPolicy {
-            id: next_policy_id(),
+            id: crate::compaction::policy::next_policy_id(),
             name: name.into(),
             engine: p.engine_policy(),
             mode: p.mode,
@@ -674,13 +678,11 @@ pub(super) fn compile_policy(
                     .collect(),
                 reserve_tokens: p.reserve_tokens,
             }),
-            summary: None,
             recall: p.recall.then_some(crate::compaction::recall::RecallLimits {
                 max_chars: p.recall_max_chars,
                 max_rounds: p.recall_max_rounds,
                 max_added_bytes: p.recall_max_added_bytes,
             }),
-            decisions: None,
         }),
         _ => Err(problems),
     }

@@ -5,12 +5,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Uri};
-use regex::RegexSet;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
@@ -21,8 +19,9 @@ use crate::compaction::tokens::Encoding;
 use crate::config::{
     self, BudgetMode, Config, ConfigErrors, ConfigProblem, Mode, Overrides, PolicyConfig, Scoring,
 };
-use crate::engine::Policy;
 use crate::format::Format;
+
+pub use crate::compaction::policy::{CompiledPolicy, MAX_GOAL_CHARS};
 
 mod compile;
 use compile::compile_policy;
@@ -55,50 +54,6 @@ pub struct Timeouts {
     pub keep_alive: Duration,
 }
 
-/// A policy ready to apply.
-#[derive(Debug, Clone)]
-pub struct CompiledPolicy {
-    /// Unique per compilation: a reloaded policy of the same name is a
-    /// different policy, so outcomes cached under the old one never apply.
-    pub id: u64,
-    pub name: Arc<str>,
-    pub engine: Policy,
-    pub mode: Mode,
-    pub pin_first_user: bool,
-    pub pin_patterns: RegexSet,
-    pub allow_bypass: bool,
-    pub dry_run: bool,
-    pub allow_report: bool,
-    /// Forward a coding agent's own compaction request untouched.
-    pub detect_agent_compaction: bool,
-    /// Ask Anthropic's API to drop stale reasoning it requires in place.
-    pub thinking_drop_block: bool,
-    /// `scoring = "relevance"`: the request header whose text is the goal.
-    pub relevance_goal_header: Option<HeaderName>,
-    /// Stable mode's low-water mark and kept head, as shares of the budget.
-    pub stable_target_ratio: f64,
-    pub stable_head_ratio: f64,
-    /// Tool-result pruning, argument clipping, tool dedupe and triggers.
-    pub agent: crate::compaction::agent::AgentPolicy,
-    /// A token budget beside the char budget.
-    pub budget_tokens: Option<usize>,
-    /// The encoding for models the token table does not know.
-    pub tokenizer_fallback: Encoding,
-    /// Relevance scoring's per-message analyses, shared by every policy of
-    /// one configuration (`cache.relevance_max_bytes`) and dropped with it
-    /// on reload; a disabled store for a policy built outside a runtime.
-    pub analyses: Arc<AnalysisStore>,
-    /// `budget = "auto"`: each request's token budget comes from its
-    /// model's context window.
-    pub auto_budget: Option<AutoBudget>,
-    /// `strategy = "summarize"`: how this policy's summaries are written.
-    pub summary: Option<Arc<SummaryPolicy>>,
-    /// `recall = true`: markers with recall ids, and their limits.
-    pub recall: Option<crate::compaction::recall::RecallLimits>,
-    /// `tool_decisions = "model"`: the model that judges old tool calls.
-    pub decisions: Option<Arc<crate::summarizer::Settings>>,
-}
-
 /// A policy's summaries: its summarizer, timing and prompt.
 #[derive(Debug, Clone)]
 pub struct SummaryPolicy {
@@ -108,85 +63,21 @@ pub struct SummaryPolicy {
     pub prompt: crate::summarizer::prompt::PromptSettings,
 }
 
-/// The most chars of a goal header that join the relevance query: a goal
-/// is a sentence or two, and the query's cost grows with its terms.
-pub const MAX_GOAL_CHARS: usize = 2000;
-
-fn next_policy_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+/// The model calls a policy makes besides compacting; the proxy makes
+/// them ([`crate::proxy`]), the pure pipeline never sees them.
+#[derive(Debug, Default)]
+pub struct ModelCalls {
+    /// `strategy = "summarize"`: how this policy's summaries are written.
+    pub summary: Option<Arc<SummaryPolicy>>,
+    /// `tool_decisions = "model"`: the model that judges old tool calls.
+    pub decisions: Option<Arc<crate::summarizer::Settings>>,
 }
 
-impl CompiledPolicy {
-    /// A policy with only the engine's knobs: no pins, bypass or dry run.
-    pub fn plain(name: &str, engine: Policy) -> Self {
-        CompiledPolicy {
-            id: next_policy_id(),
-            name: name.into(),
-            engine,
-            mode: Mode::Exact,
-            pin_first_user: false,
-            pin_patterns: RegexSet::empty(),
-            allow_bypass: false,
-            dry_run: false,
-            allow_report: false,
-            detect_agent_compaction: true,
-            thinking_drop_block: true,
-            relevance_goal_header: None,
-            stable_target_ratio: 0.7,
-            stable_head_ratio: 0.4,
-            agent: crate::compaction::agent::AgentPolicy::OFF,
-            budget_tokens: None,
-            tokenizer_fallback: Encoding::O200kBase,
-            analyses: Arc::new(AnalysisStore::new(0)),
-            auto_budget: None,
-            summary: None,
-            recall: None,
-            decisions: None,
-        }
-    }
-
-    /// The goal a request gives in the policy's `relevance_goal_header`:
-    /// its text when the header is set, valid UTF-8 and not blank, cut to
-    /// [`MAX_GOAL_CHARS`]. `None` for every request when the policy names no
-    /// header.
-    pub fn relevance_goal(&self, headers: &HeaderMap) -> Option<String> {
-        let value = headers.get(self.relevance_goal_header.as_ref()?)?;
-        let text = std::str::from_utf8(value.as_bytes()).ok()?.trim();
-        (!text.is_empty())
-            .then(|| crate::engine::text::char_prefix(text, MAX_GOAL_CHARS).to_owned())
-    }
-
-    /// This policy for a request that gives `goal`: the same policy, same
-    /// id, with the goal joining the relevance query. A goal changes the
-    /// outcome but not the cache key, so an outcome computed under it must
-    /// not be cached.
-    pub fn with_goal(&self, goal: String) -> CompiledPolicy {
-        CompiledPolicy {
-            id: self.id,
-            name: self.name.clone(),
-            engine: self.engine.with_goal(Some(goal)),
-            mode: self.mode,
-            pin_first_user: self.pin_first_user,
-            pin_patterns: self.pin_patterns.clone(),
-            allow_bypass: self.allow_bypass,
-            dry_run: self.dry_run,
-            allow_report: self.allow_report,
-            detect_agent_compaction: self.detect_agent_compaction,
-            thinking_drop_block: self.thinking_drop_block,
-            relevance_goal_header: self.relevance_goal_header.clone(),
-            stable_target_ratio: self.stable_target_ratio,
-            stable_head_ratio: self.stable_head_ratio,
-            agent: self.agent.clone(),
-            budget_tokens: self.budget_tokens,
-            tokenizer_fallback: self.tokenizer_fallback,
-            analyses: self.analyses.clone(),
-            auto_budget: self.auto_budget.clone(),
-            summary: self.summary.clone(),
-            recall: self.recall,
-            decisions: self.decisions.clone(),
-        }
-    }
+/// One configured policy, as routes and tenants hold it.
+#[derive(Debug, Clone)]
+struct Configured {
+    policy: Arc<CompiledPolicy>,
+    models: Arc<ModelCalls>,
 }
 
 #[derive(Debug)]
@@ -199,11 +90,11 @@ struct Route {
     /// the request path, however deep.
     prefix: bool,
     format: Format,
-    policy: Arc<CompiledPolicy>,
+    policy: Configured,
 }
 
 impl Route {
-    fn new(path: &str, format: Format, policy: Arc<CompiledPolicy>) -> Self {
+    fn new(path: &str, format: Format, policy: Configured) -> Self {
         let (pattern, prefix) = match path.strip_suffix('*') {
             Some(p) => (p, true),
             None => (path, false),
@@ -255,7 +146,7 @@ pub struct Runtime {
     /// The `[summarizers.<name>]` sections, compiled.
     summarizers: HashMap<String, Arc<crate::summarizer::Settings>>,
     tenant_header: HeaderName,
-    tenants: HashMap<Arc<str>, Arc<CompiledPolicy>>,
+    tenants: HashMap<Arc<str>, Configured>,
     /// `[inspector]`, its token read.
     pub inspector: crate::inspector::Settings,
     /// `[prices]`, compiled: costs and the model-family label of billing.
@@ -268,6 +159,8 @@ pub struct Resolution {
     /// The route's configured path: a bounded metric label.
     pub route: Arc<str>,
     pub policy: Arc<CompiledPolicy>,
+    /// The model calls the policy makes besides compacting.
+    pub models: Arc<ModelCalls>,
     /// The tenant if configured, else [`OTHER_TENANT`].
     pub tenant: Arc<str>,
     /// The route's body format.
@@ -288,13 +181,14 @@ impl Runtime {
             .get(&self.tenant_header)
             .and_then(|v| v.to_str().ok())
             .and_then(|t| self.tenants.get_key_value(t));
-        let (tenant, policy) = match tenant {
-            Some((name, policy)) => (name.clone(), policy.clone()),
-            None => (other_tenant(), route.policy.clone()),
+        let (tenant, configured) = match tenant {
+            Some((name, configured)) => (name.clone(), configured),
+            None => (other_tenant(), &route.policy),
         };
         Some(Resolution {
             route: self.route_label(route),
-            policy,
+            policy: configured.policy.clone(),
+            models: configured.models.clone(),
             tenant,
             format: route.format,
         })
@@ -316,6 +210,7 @@ impl Runtime {
             .iter()
             .map(|r| &r.policy)
             .chain(self.tenants.values())
+            .map(|c| &c.policy)
             .find(|p| &*p.name == name)
             .cloned()
             .or_else(|| {

@@ -15,9 +15,10 @@ use super::body::{self, Coding, Received};
 use super::AppState;
 use crate::cache::{CompactionCache, PrefixCache};
 use crate::compaction::stable::Checkpoints;
+use crate::compaction::status::{refuse_agent_compaction, status_of};
 use crate::error::ProxyError;
 use crate::format::{Format, Skip};
-use crate::outcome::{LossSummary, Outcome, Status};
+use crate::outcome::{Outcome, Status};
 use crate::policy::{CompiledPolicy, Resolution, Runtime};
 
 /// Bodies up to this size are decided on the connection's worker: below it, the
@@ -360,50 +361,13 @@ pub fn outcome_of_parsed(
         }
     });
     if let Some(m) = marked.filter(|m| !m.ids.is_empty()) {
-        count_markers(&mut compacted.loss, &m);
+        m.add_to(&mut compacted.loss);
     }
     Outcome {
         loss: compacted.loss,
         rewritten,
         stable: compacted.stable,
         beta,
-    }
-}
-
-/// Counts what recall's markers add to the forwarded body in its loss.
-pub fn count_markers(loss: &mut LossSummary, m: &crate::compaction::recall::Marked) {
-    loss.output_chars += m.added_chars;
-    loss.output_messages += m.inserts.len();
-    if loss.input_chars > 0 {
-        loss.retained_ratio =
-            crate::engine::round_to(loss.output_chars as f64 / loss.input_chars as f64, 4);
-    }
-}
-
-/// The coding agent's own compaction request is forwarded untouched
-/// (`detect_agent_compaction`), so the agent summarizes all it has.
-pub fn refuse_agent_compaction(
-    parsed: &crate::format::Parsed,
-    policy: &CompiledPolicy,
-) -> Result<(), Skip> {
-    match parsed.agent_compaction() {
-        Some(agent) if policy.detect_agent_compaction => Err(Skip::AgentCompaction(agent.name())),
-        _ => Ok(()),
-    }
-}
-
-/// How a compactable body is reported; only `Compacted` forwards the rewrite.
-pub fn status_of(policy: &CompiledPolicy, outcome: &Outcome) -> Status {
-    if policy.dry_run {
-        Status::DryRun
-    } else if outcome.rewritten.is_some() {
-        Status::Compacted
-    } else if !outcome.loss.budget_met {
-        // Over its budget, yet nothing in it may go (pins, kept roles,
-        // the last turns): not "unchanged", which says it fit.
-        Status::Skipped("nothing-removable")
-    } else {
-        Status::Unchanged
     }
 }
 

@@ -61,7 +61,7 @@ pub(super) async fn apply(
 ) -> (Decided, Option<DecisionReport>) {
     let (resolution, headers, goal) = (input.resolution, input.headers, input.goal);
     let policy = &resolution.policy;
-    let Some(model) = policy.decisions.clone() else {
+    let Some(model) = resolution.models.decisions.clone() else {
         return (decided, None);
     };
     if decided.status != Status::Compacted || policy.dry_run || decided.outcome.is_none() {
@@ -121,7 +121,7 @@ pub(super) async fn apply(
         Some(&applied),
     );
     let seconds = decided.seconds.map(|s| s + started.elapsed().as_secs_f64());
-    let status = super::compact::status_of(policy, &outcome);
+    let status = crate::compaction::status::status_of(policy, &outcome);
     let spent = if source == "model" {
         usage
     } else {

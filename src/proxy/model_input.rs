@@ -28,8 +28,8 @@ pub(super) struct ModelInput<'a> {
 /// Whether a model-backed step may apply to a decided body: the policy has
 /// one, and the engine compacted the body (not a dry run).
 pub(super) fn wanted(resolution: &Resolution, decided: &Decided) -> bool {
-    let policy = &resolution.policy;
-    (policy.decisions.is_some() || policy.summary.is_some())
+    let (policy, models) = (&resolution.policy, &resolution.models);
+    (models.decisions.is_some() || models.summary.is_some())
         && decided.status == Status::Compacted
         && !policy.dry_run
         && decided.outcome.is_some()

@@ -46,7 +46,7 @@ pub(super) async fn apply(
 ) -> (Decided, Option<SummaryReport>) {
     let (resolution, headers, goal) = (input.resolution, input.headers, input.goal);
     let policy = &resolution.policy;
-    let Some(summary_policy) = policy.summary.clone() else {
+    let Some(summary_policy) = resolution.models.summary.clone() else {
         return (decided, None);
     };
     if decided.status != Status::Compacted || policy.dry_run {

@@ -24,6 +24,7 @@ mod hostile;
 mod inspector;
 mod leftover_properties;
 mod metrics_scrape;
+mod module_layers;
 mod newcomer;
 mod openai_properties;
 mod operator;

@@ -8,13 +8,15 @@ use serde_json::{json, Value};
 
 use super::splice::span;
 use super::{read_top, Format};
-use crate::compaction::recall::TOOL_NAME;
 
 mod response;
 pub use response::{
     add_usage, events, read_json, read_stream, strip_recall_json, strip_recall_stream,
     with_usage_json, with_usage_stream, write_events, Call, Event, Turn,
 };
+
+/// The name of the tool the proxy adds and answers itself.
+pub const TOOL_NAME: &str = "compaction_recall";
 
 /// What the model is told about the tool.
 pub const DESCRIPTION: &str =
