@@ -2,7 +2,15 @@
 //! section by section so every unknown key and type error is reported at
 //! once, each with its path.
 
-use super::*;
+use std::path::Path;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::Figment;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{Config, ConfigErrors, ConfigProblem, DEFAULT_TOML, ENV_PREFIX, SECTIONS};
 
 /// Values given on the command line, the last layer.
 #[derive(Debug, Clone, Default)]

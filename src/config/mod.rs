@@ -9,13 +9,8 @@
 //! output and never the other way round.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use figment::providers::{Format, Serialized, Toml};
-use figment::Figment;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 pub use crate::compaction::policy::Mode;
 pub use crate::compaction::summary::SummaryRole;

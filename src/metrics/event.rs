@@ -1,7 +1,14 @@
 //! One finished request as a [`RequestEvent`]: recorded in the [`Metrics`]
 //! and written as its log line in one call, so the two cannot disagree.
 
-use super::*;
+use std::sync::{Arc, OnceLock};
+
+use prometheus::{IntCounter, IntCounterVec};
+
+use super::{code_class, unmatched_route, Metrics, CODE_CLASSES, PASSES};
+use crate::error::UpstreamCause;
+use crate::format::Format;
+use crate::outcome::{LossSummary, Status};
 
 /// Everything known about one finished request.
 #[derive(Debug, Clone)]

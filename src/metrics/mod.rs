@@ -69,10 +69,6 @@ pub struct RecallCounters {
 /// Route label of requests no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
-use crate::error::UpstreamCause;
-use crate::format::Format;
-use crate::outcome::{LossSummary, Status};
-
 mod event;
 pub use event::{Ending, RequestEvent};
 

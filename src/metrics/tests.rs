@@ -1,4 +1,7 @@
 use super::*;
+use crate::error::UpstreamCause;
+use crate::format::Format;
+use crate::outcome::{LossSummary, Status};
 
 /// Tests that emit take turns: the log line's callsites cache whether
 /// anyone listens, and a test emitting with no subscriber while the

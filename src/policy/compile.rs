@@ -2,8 +2,26 @@
 //! bounds, regexes, URLs, certificates), reported all at once, and the
 //! compiled policies, routes and summarizers a [`Runtime`] holds.
 
-use super::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Uri};
 use regex::RegexSet;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+
+use super::{Configured, ModelCalls, Route, Runtime, SummaryPolicy, Timeouts, MAX_WORKERS};
+use crate::analysis_store::AnalysisStore;
+use crate::compaction::agent::AgentPolicy;
+use crate::compaction::budget::AutoBudget;
+use crate::compaction::policy::{CompiledPolicy, Mode};
+use crate::compaction::tokens::Encoding;
+use crate::config::{
+    self, BudgetMode, Config, ConfigErrors, ConfigProblem, Overrides, PolicyConfig, Scoring,
+};
+use crate::format::Format;
 
 impl Runtime {
     /// Checks and compiles `config`, reporting every problem at once.

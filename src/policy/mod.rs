@@ -9,16 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Uri};
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
 use crate::analysis_store::AnalysisStore;
-use crate::compaction::agent::AgentPolicy;
-use crate::compaction::budget::AutoBudget;
-use crate::compaction::tokens::Encoding;
-use crate::config::{
-    self, BudgetMode, Config, ConfigErrors, ConfigProblem, Mode, Overrides, PolicyConfig, Scoring,
-};
+use crate::config::{self, Config};
 use crate::format::Format;
 
 pub use crate::compaction::policy::{CompiledPolicy, MAX_GOAL_CHARS};

@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::{self, Overrides};
+use crate::config::{self, ConfigErrors, Mode, Overrides};
 
 fn runtime(toml: &str) -> Result<Runtime, ConfigErrors> {
     let value: serde_json::Value =

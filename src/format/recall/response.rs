@@ -2,7 +2,11 @@
 //! response, whole or streamed, the usage of earlier rounds added to the
 //! answer, and the recall calls stripped from what the client gets.
 
-use super::*;
+use serde_json::{json, Value};
+
+use super::super::splice::span;
+use super::super::{read_top, Format};
+use super::TOOL_NAME;
 
 /// A tool call the model made.
 #[derive(Debug, Clone, PartialEq)]
