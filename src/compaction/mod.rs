@@ -31,10 +31,10 @@ pub mod summary;
 pub mod thinking;
 pub mod tokens;
 
-use crate::compaction::policy::CompiledPolicy;
 use crate::engine::{self, Kept, Message, Report};
 use crate::format::{Conversation, Parsed, Plan, Planned, Reasoning};
 use crate::outcome::LossSummary;
+use policy::{CompiledPolicy, Mode};
 
 /// Which items `policy` protects from every pass: the engine's pins and
 /// the roles it keeps.
@@ -229,11 +229,8 @@ pub fn compact_decided(
         Some(tokens) => Some((tokens, usize::MAX)),
         None => policy.budget_tokens.map(|tokens| (tokens, budget)),
     };
-    if let (
-        Some((budget_tokens, budget_chars)),
-        Some(encoding),
-        crate::compaction::policy::Mode::Exact,
-    ) = (token_budget, encoding, policy.mode)
+    if let (Some((budget_tokens, budget_chars)), Some(encoding), Mode::Exact) =
+        (token_budget, encoding, policy.mode)
     {
         let budgets = Budgets {
             tokens: budget_tokens,
@@ -256,7 +253,7 @@ pub fn compact_decided(
     // reports its removals as drops).
     let mut deduped = 0;
     let (plan, stable) = match policy.mode {
-        crate::compaction::policy::Mode::Exact => {
+        Mode::Exact => {
             if total <= budget || !triggered {
                 (None, None)
             } else {
@@ -266,8 +263,8 @@ pub fn compact_decided(
                 (plan, None)
             }
         }
-        crate::compaction::policy::Mode::Stable if !triggered => (None, None),
-        crate::compaction::policy::Mode::Stable if total <= budget && fits_tokens() => {
+        Mode::Stable if !triggered => (None, None),
+        Mode::Stable if total <= budget && fits_tokens() => {
             // Every prefix fits too: the replay would only have appended.
             let prev = stable::previous_turn_end(conversation);
             let info = stable::StableInfo {
@@ -278,7 +275,7 @@ pub fn compact_decided(
             };
             (None, Some(info))
         }
-        crate::compaction::policy::Mode::Stable => {
+        Mode::Stable => {
             let replayed = stable::replay(parsed, policy, stable_tokens, checkpoints);
             edits = replayed.edits;
             let plan = changes(&replayed.plan, conversation.items.len()).then_some(replayed.plan);
@@ -287,14 +284,14 @@ pub fn compact_decided(
     };
     let plan = plan.map(|mut plan| {
         parsed.format.repair(conversation, &mut plan);
-        if policy.mode == crate::compaction::policy::Mode::Exact {
+        if policy.mode == Mode::Exact {
             thinking::strip_stale_exact(conversation, &mut plan, budget);
         }
         plan
     });
     let over_budget = triggered && total > budget;
     let plan = match plan {
-        None if policy.mode == crate::compaction::policy::Mode::Exact && over_budget => {
+        None if policy.mode == Mode::Exact && over_budget => {
             thinking::stale_only(conversation, budget)
         }
         plan => plan,
@@ -800,7 +797,7 @@ mod tests {
             serde_json::json!({"model": "m", "messages": messages}).to_string()
         };
         let mut policy = CompiledPolicy::plain("t", engine::Policy::with_budget(1_500));
-        policy.mode = crate::compaction::policy::Mode::Stable;
+        policy.mode = Mode::Stable;
         let kept = MapCheckpoints::default();
         let first = body("What did turn 3 say?");
         let first = crate::format::Format::Chat
