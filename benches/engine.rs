@@ -271,7 +271,7 @@ fn near_duplicate(rng: &mut Lcg, vocab: &Vocabulary, original: &str) -> String {
 /// some tool results; every eighth (i = 4, 12, ...) repeats an earlier
 /// message of the same role with small edits (a near duplicate), when
 /// there is one.
-fn conversation(n: usize, seed: u64, narrow: bool) -> Vec<Message> {
+fn conversation(n: usize, seed: u64, narrow: bool) -> Vec<Message<'static>> {
     let mut rng = Lcg(seed);
     let vocab = if narrow {
         Vocabulary::narrow()

@@ -117,7 +117,7 @@ fn print_retention() {
 
 /// Generated chats strung together until the history holds `bytes`, with
 /// the first chat's direct question last.
-fn history_of(bytes: usize) -> Vec<Message> {
+fn history_of(bytes: usize) -> Vec<Message<'static>> {
     let chats = fact_chats::generate(BENCH_SEED + 1, 64);
     let mut messages = vec![chats[0].history[0].clone()];
     let mut size = messages[0].content.len();

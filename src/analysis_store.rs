@@ -219,7 +219,7 @@ mod tests {
     use crate::engine::relevance::Analysis;
     use crate::engine::{Message, Role};
 
-    fn history() -> Vec<Message> {
+    fn history() -> Vec<Message<'static>> {
         vec![
             Message::new(Role::User, "The gate code for depot Norrby is 7731-KAPPA."),
             Message::new(Role::Assistant, "Noted, the Norrby gate code."),

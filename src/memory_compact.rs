@@ -57,7 +57,7 @@ fn summary(violations: &[Violation]) -> String {
 /// A validated request: the engine's input.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactRequest {
-    pub messages: Vec<Message>,
+    pub messages: Vec<Message<'static>>,
     pub policy: Policy,
 }
 
@@ -139,7 +139,7 @@ pub fn validate(value: &Value) -> Result<CompactRequest, InvalidRequest> {
     }
 }
 
-fn messages(value: &Value, errors: &mut Errors) -> Vec<Message> {
+fn messages(value: &Value, errors: &mut Errors) -> Vec<Message<'static>> {
     let Some(items) = value.as_array() else {
         errors.add("/messages", "must be an array");
         return Vec::new();
@@ -160,7 +160,7 @@ fn messages(value: &Value, errors: &mut Errors) -> Vec<Message> {
         .collect()
 }
 
-fn message(value: &Value, path: &str, errors: &mut Errors) -> Option<Message> {
+fn message(value: &Value, path: &str, errors: &mut Errors) -> Option<Message<'static>> {
     let Some(fields) = value.as_object() else {
         errors.add(path, "must be an object");
         return None;

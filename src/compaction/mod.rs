@@ -31,6 +31,8 @@ pub mod summary;
 pub mod thinking;
 pub mod tokens;
 
+use std::borrow::Cow;
+
 use crate::engine::{self, Kept, Message, Report};
 use crate::format::{Conversation, Parsed, Plan, Planned, Reasoning};
 use crate::outcome::LossSummary;
@@ -101,8 +103,12 @@ fn protect_relevant_keyed(
     Some((found, keys))
 }
 
-/// The engine's view of the items under `policy`'s pin rules.
-pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Message> {
+/// The engine's view of the items under `policy`'s pin rules, their texts
+/// borrowed from `conversation`.
+pub fn engine_messages<'a>(
+    conversation: &'a Conversation,
+    policy: &CompiledPolicy,
+) -> Vec<Message<'a>> {
     let subjects = relevant::subjects(conversation, policy);
     conversation
         .items
@@ -111,7 +117,7 @@ pub fn engine_messages(conversation: &Conversation, policy: &CompiledPolicy) -> 
         .zip(subjects)
         .map(|((m, pin), subject)| Message {
             role: m.role,
-            content: m.text.clone(),
+            content: Cow::Borrowed(&m.text),
             id: None,
             pin,
             fixed_chars: m.fixed_chars,
@@ -520,16 +526,16 @@ pub fn run_passes_decided(
         let mut changed = false;
         if decided.is_some_and(|d| d.dropped[i]) {
             changed = text_before > 0;
-            m.content = String::new();
+            m.content = Cow::Borrowed("");
             m.fixed_chars = 0;
         } else if excluded[i] {
             changed = text_before > 0;
-            m.content = String::new();
+            m.content = Cow::Borrowed("");
             m.fixed_chars = item.chars();
         } else {
             if edits.texts.contains_key(&i) && m.content != item.text {
                 changed = true;
-                m.content = item.text.clone();
+                m.content = Cow::Owned(item.text.clone());
             }
             m.fixed_chars = item.fixed_chars;
         }
@@ -663,9 +669,13 @@ fn loss_counted(
 }
 
 impl Parsed<'_> {
-    /// The engine's view of the items under `policy`'s pin rules.
-    pub fn engine_messages(&self, policy: &CompiledPolicy) -> Vec<Message> {
+    /// The engine's view of the items under `policy`'s pin rules, with
+    /// texts of their own (kept past the parse).
+    pub fn engine_messages(&self, policy: &CompiledPolicy) -> Vec<Message<'static>> {
         engine_messages(&self.conversation, policy)
+            .into_iter()
+            .map(Message::into_owned)
+            .collect()
     }
 
     /// Runs the agent passes and the engine (exact mode) and, when anything

@@ -703,6 +703,19 @@ impl<'a> Replay<'a> {
         }
     }
 
+    /// An entry's kept text (its kept prefix after its agent edit), borrowed
+    /// from the conversation when unedited: each engine run reads the form's
+    /// texts without copying them.
+    fn kept_text(&self, e: &Entry) -> Cow<'a, str> {
+        match self.text_of(e) {
+            Cow::Borrowed(text) => Cow::Borrowed(char_prefix(text, e.kept as usize)),
+            Cow::Owned(mut text) => {
+                text.truncate(char_prefix(&text, e.kept as usize).len());
+                Cow::Owned(text)
+            }
+        }
+    }
+
     /// Item `index`'s text cut to `keep` chars, head and tail (made once
     /// across turns: [`Parsed::cut_of`]); the text itself when that is
     /// not shorter.
@@ -959,12 +972,9 @@ impl<'a> Replay<'a> {
             .map(|(k, e)| {
                 let item = &self.conversation.items[e.index as usize];
                 let (content, fixed_chars) = if self.excluded[e.index as usize] {
-                    (String::new(), self.chars(e))
+                    (Cow::Borrowed(""), self.chars(e))
                 } else {
-                    (
-                        char_prefix(&self.text_of(e), e.kept as usize).to_owned(),
-                        self.fixed_of(e),
-                    )
+                    (self.kept_text(e), self.fixed_of(e))
                 };
                 Message {
                     role: item.role,

@@ -34,6 +34,8 @@ pub mod text;
 mod trim;
 pub mod word_lists;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 pub use report::*;
@@ -86,10 +88,12 @@ impl Role {
 
 /// One message as the engine sees it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Message {
+pub struct Message<'a> {
     pub role: Role,
-    /// The trimmable text; its chars count toward the budget.
-    pub content: String,
+    /// The trimmable text; its chars count toward the budget. Borrowed
+    /// where the caller holds it already (stable mode's replay runs the
+    /// engine several times over the same texts).
+    pub content: Cow<'a, str>,
     /// Echoed unchanged in the report.
     pub id: Option<String>,
     /// Protected by the caller.
@@ -104,8 +108,14 @@ pub struct Message {
     pub subject: String,
 }
 
-impl Message {
+impl<'a> Message<'a> {
+    /// A message holding its own copy of `content`.
     pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self::borrowed(role, Cow::Owned(content.into()))
+    }
+
+    /// A message of `content` as it is given, borrowed or owned.
+    pub fn borrowed(role: Role, content: impl Into<Cow<'a, str>>) -> Self {
         Message {
             role,
             content: content.into(),
@@ -114,6 +124,19 @@ impl Message {
             fixed_chars: 0,
             group: None,
             subject: String::new(),
+        }
+    }
+
+    /// This message with a copy of its content of its own.
+    pub fn into_owned(self) -> Message<'static> {
+        Message {
+            role: self.role,
+            content: Cow::Owned(self.content.into_owned()),
+            id: self.id,
+            pin: self.pin,
+            fixed_chars: self.fixed_chars,
+            group: self.group,
+            subject: self.subject,
         }
     }
 }
@@ -224,7 +247,7 @@ pub const WEIGHTS: Weights = Weights {
 /// What the stages share: which messages are present, how many chars of
 /// each content are kept, and the running total.
 struct Working<'a> {
-    messages: &'a [Message],
+    messages: &'a [Message<'a>],
     present: Vec<bool>,
     /// Chars of each content still kept (a prefix of the content).
     kept_chars: Vec<usize>,
@@ -240,7 +263,7 @@ struct Working<'a> {
 }
 
 impl<'a> Working<'a> {
-    fn new(messages: &'a [Message], budget: usize) -> Self {
+    fn new(messages: &'a [Message<'a>], budget: usize) -> Self {
         let content_chars: Vec<usize> = messages
             .iter()
             .map(|m| text::char_count(&m.content))
@@ -454,7 +477,7 @@ pub fn compact_scored(
             } else if trimmed {
                 text::char_prefix(&m.content, kept).to_owned()
             } else {
-                m.content.clone()
+                m.content.to_string()
             },
             id: m.id.clone(),
             kept: if trimmed {

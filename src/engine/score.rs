@@ -39,7 +39,7 @@ impl Scores {
         let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
         let mut vocab = Vocabulary::with_capacity(bytes / 64);
         let mut counts: Vec<u32> = Vec::new();
-        let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let texts: Vec<&str> = messages.iter().map(|m| &*m.content).collect();
         let word_sets = read_words(&texts, &mut vocab, &mut counts, lists, keys);
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)

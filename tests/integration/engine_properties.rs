@@ -125,7 +125,7 @@ fn role() -> impl Strategy<Value = Role> {
     ]
 }
 
-fn messages(len: impl Into<SizeRange>) -> impl Strategy<Value = Vec<Message>> {
+fn messages(len: impl Into<SizeRange>) -> impl Strategy<Value = Vec<Message<'static>>> {
     proptest::collection::vec((role(), proptest::bool::weighted(0.15), draft()), len).prop_map(
         |drafts| {
             let mut out: Vec<Message> = Vec::with_capacity(drafts.len());
@@ -133,7 +133,7 @@ fn messages(len: impl Into<SizeRange>) -> impl Strategy<Value = Vec<Message>> {
                 let content = match draft {
                     Draft::Fresh(tokens) => render(&tokens),
                     Draft::Copy { of, extra } if i > 0 => {
-                        out[of % i].content.clone() + &render(&extra)
+                        out[of % i].content.to_string() + &render(&extra)
                     }
                     Draft::Copy { extra, .. } => render(&extra),
                 };
@@ -195,7 +195,7 @@ fn policy_for(messages: &[Message], knobs: &Knobs) -> Policy {
 }
 
 /// A random conversation of 2..60 messages with a random policy.
-fn conversation() -> impl Strategy<Value = (Vec<Message>, Policy)> {
+fn conversation() -> impl Strategy<Value = (Vec<Message<'static>>, Policy)> {
     (messages(2..60), knobs()).prop_map(|(messages, knobs)| {
         let policy = policy_for(&messages, &knobs);
         (messages, policy)
@@ -204,7 +204,7 @@ fn conversation() -> impl Strategy<Value = (Vec<Message>, Policy)> {
 
 /// A conversation with tool-call groups: an assistant message and the 1..=3
 /// tool messages right after it share a group id.
-fn grouped_conversation() -> impl Strategy<Value = (Vec<Message>, Policy)> {
+fn grouped_conversation() -> impl Strategy<Value = (Vec<Message<'static>>, Policy)> {
     (
         messages(2..60),
         knobs(),

@@ -312,7 +312,7 @@ const TOOL_FILLER: &[&str] = &[
 /// One generated chat and the two ways of asking about its fact.
 pub struct FactChat {
     /// The history before the question (the question is appended per run).
-    pub history: Vec<Message>,
+    pub history: Vec<Message<'static>>,
     pub direct: String,
     pub paraphrase: String,
     /// The asked fact's value: forwarded iff some output content holds it.
@@ -321,7 +321,7 @@ pub struct FactChat {
 
 impl FactChat {
     /// The full chat: the history and then `question` as the last message.
-    pub fn with_question(&self, question: &str) -> Vec<Message> {
+    pub fn with_question(&self, question: &str) -> Vec<Message<'static>> {
         let mut messages = self.history.clone();
         messages.push(Message::new(Role::User, question));
         messages
@@ -394,7 +394,7 @@ fn one_chat(rng: &mut Rng) -> FactChat {
         let kind = &KINDS[rng.below(KINDS.len())];
         let value = (kind.value)(rng, entity);
         let statement = fill(rng.pick(kind.statements), entity, &value);
-        embed(rng, &mut history[at].content, &statement);
+        embed(rng, history[at].content.to_mut(), &statement);
         facts.push((kind, entity, value));
     }
     let (kind, entity, answer) = &facts[rng.below(facts.len())];
@@ -403,7 +403,11 @@ fn one_chat(rng: &mut Rng) -> FactChat {
     // system message (tool messages included).
     for template in kind.distractors {
         let at = 1 + rng.below(LENGTH - 1);
-        embed(rng, &mut history[at].content, &fill(template, entity, ""));
+        embed(
+            rng,
+            history[at].content.to_mut(),
+            &fill(template, entity, ""),
+        );
     }
 
     FactChat {

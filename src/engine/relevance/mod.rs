@@ -128,7 +128,7 @@ pub fn analyze_keyed(
     // turn the cache sees), analysing every message would double this
     // request's cost: the query's terms are counted straight from the
     // text, and a cache that can builds the analyses after the request.
-    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    let texts: Vec<&str> = messages.iter().map(|m| &*m.content).collect();
     let mut keys = keys;
     let found = (!query.terms.is_empty() && cache.enabled())
         .then(|| HistoryLookup::new(&texts, keys.take(), cache));

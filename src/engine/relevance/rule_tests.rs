@@ -4,10 +4,10 @@
 use super::*;
 use crate::engine::{compact, Kept, Policy, RelevancePolicy, ScoringMethod};
 
-fn user(s: &str) -> Message {
+fn user(s: &str) -> Message<'static> {
     Message::new(Role::User, s)
 }
-fn assistant(s: &str) -> Message {
+fn assistant(s: &str) -> Message<'static> {
     Message::new(Role::Assistant, s)
 }
 

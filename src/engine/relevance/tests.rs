@@ -262,7 +262,7 @@ impl AnalysisCache for Recording {
     }
 }
 
-fn history(turns: usize) -> Vec<Message> {
+fn history(turns: usize) -> Vec<Message<'static>> {
     (0..turns)
         .map(|i| {
             assistant(&format!(
@@ -305,7 +305,7 @@ fn a_cache_changes_no_bit_and_a_new_turn_analyses_only_its_messages() {
     assert_eq!(histories(&cache), 1, "the earlier turn's history went");
 
     // A history edited in its middle still finds its unchanged messages.
-    messages[3].content.push_str(" (rolled back)");
+    messages[3].content.to_mut().push_str(" (rolled back)");
     let edited = analyze_cached(&messages, None, &cache);
     assert_eq!(edited, analyze(&messages, None));
     assert_eq!(cache.analysed.load(Relaxed), messages.len() + 1);
@@ -440,10 +440,10 @@ fn case_folds_beyond_ascii() {
     assert_eq!(terms("ÅRHUS Århus"), ["århus", "århus"]);
 }
 
-fn user(s: &str) -> Message {
+fn user(s: &str) -> Message<'static> {
     Message::new(Role::User, s)
 }
-fn assistant(s: &str) -> Message {
+fn assistant(s: &str) -> Message<'static> {
     Message::new(Role::Assistant, s)
 }
 
