@@ -1,7 +1,8 @@
 //! Word analysis shared by dedupe and drop: each message's word set, the
 //! topic terms of the whole history, and each message's score.
 
-use super::text::Vocabulary;
+use std::cell::RefCell;
+
 use super::word_lists::{read_words, WordListCache};
 use super::{Message, WEIGHTS};
 
@@ -11,11 +12,12 @@ const TOPIC_TERMS: usize = 25;
 const TOPIC_MIN_CHARS: usize = 3;
 
 pub(super) struct Scores {
-    vocab: Vocabulary,
+    /// Words in the run's vocabulary (ids are below it).
+    vocabulary_len: usize,
     /// Each message's word set: its distinct word ids, in first-seen order.
     pub word_sets: Vec<Vec<u32>>,
-    /// Topic term ids, most frequent first.
-    topic: Vec<u32>,
+    /// Topic terms, most frequent first.
+    topic: Vec<String>,
     scores: Vec<f64>,
 }
 
@@ -35,12 +37,13 @@ impl Scores {
         lists: &dyn WordListCache,
         keys: Option<&[u128]>,
     ) -> Self {
-        // Varied English text brings a new word every 60 to 100 bytes.
-        let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
-        let mut vocab = Vocabulary::with_capacity(bytes / 64);
         let mut counts: Vec<u32> = Vec::new();
         let texts: Vec<&str> = messages.iter().map(|m| &*m.content).collect();
-        let word_sets = read_words(&texts, &mut vocab, &mut counts, lists, keys);
+        let (run_vocabulary, word_sets) = read_words(&texts, &mut counts, lists, keys);
+        // A run beside a replay's kept words names them there: read them
+        // while the run is built (no later run reads while this one lives).
+        let memo = lists.text_words().map(RefCell::borrow);
+        let vocab = run_vocabulary.words(memo.as_deref());
 
         let mut topic: Vec<u32> = (0..vocab.len() as u32)
             .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)
@@ -88,9 +91,9 @@ impl Scores {
             .collect();
 
         Scores {
-            vocab,
+            vocabulary_len: vocab.len(),
             word_sets,
-            topic,
+            topic: topic.iter().map(|&id| vocab.word(id).to_owned()).collect(),
             scores,
         }
     }
@@ -108,13 +111,10 @@ impl Scores {
     }
 
     pub fn topic_terms(&self) -> Vec<String> {
-        self.topic
-            .iter()
-            .map(|&id| self.vocab.word(id).to_owned())
-            .collect()
+        self.topic.clone()
     }
 
     pub fn vocabulary_len(&self) -> usize {
-        self.vocab.len()
+        self.vocabulary_len
     }
 }

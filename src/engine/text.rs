@@ -195,17 +195,6 @@ impl Vocabulary {
         id
     }
 
-    /// Appends word `id` of `other` as this vocabulary's next word, and
-    /// returns its id here, without indexing it: for a vocabulary whose
-    /// words are all found in `other` and only taken from there (a run's,
-    /// beside [`super::word_lists::TextWords`]); interning into it would
-    /// not find them.
-    pub(super) fn push_from(&mut self, other: &Vocabulary, id: u32) -> u32 {
-        let start = self.text.len();
-        self.text.push_str(other.word(id));
-        self.push_span(start, other.word_chars(id), other.packed(id))
-    }
-
     /// Word `id` packed by [`pack`], or 0 when it is too long to pack: word
     /// lists keep words by it (see [`super::word_lists`]).
     pub(super) fn packed(&self, id: u32) -> u128 {

@@ -46,7 +46,7 @@ pub struct HistoryWords {
 
 impl HistoryWords {
     /// What reading gave so far: `vocab`, `counts` and `sets`.
-    fn of(vocab: &Vocabulary, counts: &[u32], sets: &[Vec<u32>]) -> Self {
+    fn of(vocab: &RunWords, counts: &[u32], sets: &[Vec<u32>]) -> Self {
         let words: Box<[u128]> = (0..vocab.len() as u32).map(|id| vocab.packed(id)).collect();
         let mut long = String::new();
         let mut long_ends = Vec::new();
@@ -221,7 +221,7 @@ impl TextWords {
         &mut self,
         text: &str,
         key: u128,
-        vocab: &mut Vocabulary,
+        vocab: &mut Vec<u32>,
         counts: &mut Vec<u32>,
     ) -> Vec<u32> {
         let (start, end) = match self.texts.get(&key) {
@@ -237,7 +237,7 @@ impl TextWords {
         self.run_ids.resize(self.vocab.len(), (0, 0));
         let mut set = Vec::with_capacity(words.len());
         for (&word, &n) in words.iter().zip(occurrences) {
-            let id = run_id(&mut self.run_ids, self.run, &self.vocab, word, vocab);
+            let id = run_id(&mut self.run_ids, self.run, word, vocab);
             counts[id as usize] += n;
             set.push(id);
         }
@@ -275,7 +275,7 @@ impl TextWords {
     fn restore(
         &mut self,
         found: &HistoryWords,
-        vocab: &mut Vocabulary,
+        vocab: &mut Vec<u32>,
         counts: &mut Vec<u32>,
         sets: &mut Vec<Vec<u32>>,
     ) -> bool {
@@ -287,7 +287,7 @@ impl TextWords {
         } = self;
         found.intern_words(kept, |kept, id| {
             run_ids.resize(kept.len(), (0, 0));
-            run_id(run_ids, *run, kept, id, vocab);
+            run_id(run_ids, *run, id, vocab);
         });
         if vocab.len() != found.words.len() {
             return false;
@@ -297,21 +297,73 @@ impl TextWords {
     }
 }
 
-/// The run's id of word `id` of the kept vocabulary `kept`, appended to
-/// the run's `vocab` the first time the run meets it (`run_ids` stamps
-/// each word with the run that took it).
-fn run_id(
-    run_ids: &mut [(u32, u32)],
-    run: u32,
-    kept: &Vocabulary,
-    id: u32,
-    vocab: &mut Vocabulary,
-) -> u32 {
+/// The run's id of word `id` of the kept vocabulary, appended to the
+/// run's `vocab` (the kept ids of its words, by run id) the first time the
+/// run meets it (`run_ids` stamps each word with the run that took it).
+fn run_id(run_ids: &mut [(u32, u32)], run: u32, id: u32, vocab: &mut Vec<u32>) -> u32 {
     let slot = &mut run_ids[id as usize];
     if slot.0 != run {
-        *slot = (run, vocab.push_from(kept, id));
+        *slot = (run, vocab.len() as u32);
+        vocab.push(id);
     }
     slot.1
+}
+
+/// A run's vocabulary, by the run's ids (given in the order the run first
+/// meets each word, whichever way it reads): words of its own, or, beside
+/// a [`TextWords`], each word's id in the kept vocabulary, so that no run
+/// copies a word the replay's earlier runs read.
+pub(super) enum RunVocabulary {
+    Own(Vocabulary),
+    Kept(Vec<u32>),
+}
+
+impl RunVocabulary {
+    /// Its words, a [`RunVocabulary::Kept`] one's read in `memo` (the
+    /// [`TextWords`] the run read through).
+    pub fn words<'a>(&'a self, memo: Option<&'a TextWords>) -> RunWords<'a> {
+        match self {
+            RunVocabulary::Own(vocab) => RunWords::Own(vocab),
+            RunVocabulary::Kept(ids) => RunWords::Kept(ids, memo.map(|m| &m.vocab)),
+        }
+    }
+}
+
+/// A run's words by its ids ([`RunVocabulary::words`]).
+pub(super) enum RunWords<'a> {
+    Own(&'a Vocabulary),
+    /// The kept ids by run id, and the vocabulary they name (always there:
+    /// without it, no word).
+    Kept(&'a [u32], Option<&'a Vocabulary>),
+}
+
+impl RunWords<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            RunWords::Own(vocab) => vocab.len(),
+            RunWords::Kept(ids, _) => ids.len(),
+        }
+    }
+
+    /// Where run id `id` lies in the vocabulary that holds it.
+    fn at(&self, id: u32) -> Option<(&Vocabulary, u32)> {
+        match *self {
+            RunWords::Own(vocab) => Some((vocab, id)),
+            RunWords::Kept(ids, kept) => Some((kept?, *ids.get(id as usize)?)),
+        }
+    }
+
+    pub fn word(&self, id: u32) -> &str {
+        self.at(id).map_or("", |(vocab, id)| vocab.word(id))
+    }
+
+    pub fn word_chars(&self, id: u32) -> usize {
+        self.at(id).map_or(0, |(vocab, id)| vocab.word_chars(id))
+    }
+
+    fn packed(&self, id: u32) -> u128 {
+        self.at(id).map_or(0, |(vocab, id)| vocab.packed(id))
+    }
 }
 
 /// Caches with a [`TextWords`] of one compaction beside them: what the
@@ -367,15 +419,14 @@ impl<C: AnalysisCache + ?Sized> AnalysisCache for WithTextWords<'_, C> {
 }
 
 /// The word set of each of `texts` (its distinct ids in the order first
-/// seen), read into the empty `vocab` through `cache`, with each word's
+/// seen), read through `cache`, the run's vocabulary, and each word's
 /// occurrences in `counts` (as long as the vocabulary).
 pub(super) fn read_words(
     texts: &[&str],
-    vocab: &mut Vocabulary,
     counts: &mut Vec<u32>,
     cache: &dyn WordListCache,
     keys: Option<&[u128]>,
-) -> Vec<Vec<u32>> {
+) -> (RunVocabulary, Vec<Vec<u32>>) {
     let mut sets: Vec<Vec<u32>> = Vec::with_capacity(texts.len());
     let mut memo = cache.text_words().map(RefCell::borrow_mut);
     let lists = cache.word_lists_enabled() && texts.len() >= 2;
@@ -387,32 +438,29 @@ pub(super) fn read_words(
         Some(keys) => keys.to_vec(),
         None => texts.iter().map(|t| message_key(t)).collect(),
     };
-    if let Some(memo) = memo.as_deref_mut() {
-        if memo.vocab.is_empty() {
-            // The first run reads most of the texts' words: no rehash
-            // while they come in.
-            let bytes: usize = texts.iter().map(|t| t.len()).sum();
-            memo.vocab = Vocabulary::with_capacity(bytes / 32);
-            memo.ids.reserve(bytes / 8);
-            memo.counts.reserve(bytes / 8);
-            memo.texts.reserve(texts.len());
+    // Varied English text brings a new word every 60 to 100 bytes.
+    let bytes: usize = texts.iter().map(|t| t.len()).sum();
+    let mut run = match memo.as_deref_mut() {
+        Some(memo) => {
+            if memo.vocab.is_empty() {
+                // The first run reads most of the texts' words: no rehash
+                // while they come in.
+                memo.vocab = Vocabulary::with_capacity(bytes / 32);
+                memo.ids.reserve(bytes / 8);
+                memo.counts.reserve(bytes / 8);
+                memo.texts.reserve(texts.len());
+            }
+            memo.begin();
+            Run::Kept(memo, Vec::with_capacity(bytes / 64))
         }
-        memo.begin();
-    }
-    let mut reader = Reader::default();
-    let mut read = |memo: Option<&mut TextWords>,
-                    i: usize,
-                    vocab: &mut Vocabulary,
-                    counts: &mut Vec<u32>| match memo {
-        Some(memo) => memo.read(texts[i], keys[i], vocab, counts),
-        None => reader.read(texts[i], vocab, counts),
+        None => Run::Own(Reader::default(), Vocabulary::with_capacity(bytes / 64)),
     };
     if !lists {
-        for i in 0..texts.len() {
-            sets.push(read(memo.as_deref_mut(), i, vocab, counts));
+        for (i, text) in texts.iter().enumerate() {
+            sets.push(run.read(text, keys.get(i), counts));
         }
-        counts.resize(vocab.len(), 0);
-        return sets;
+        counts.resize(run.len(), 0);
+        return (run.into_vocabulary(), sets);
     }
     // An entry holds a history's messages but the last, the one a client
     // most often changes (a new question, a retry): the next turn extends
@@ -426,20 +474,10 @@ pub(super) fn read_words(
             found.fits(k + 1).then_some((found, k))
         });
     if let Some((found, _)) = &earlier {
-        match memo.as_deref_mut() {
-            Some(memo) => {
-                if !memo.restore(found, vocab, counts, &mut sets) {
-                    // A broken entry: the texts are read instead, in a run
-                    // of their own.
-                    *vocab = Vocabulary::default();
-                    memo.begin();
-                }
-            }
-            None => found.restore(vocab, counts, &mut sets),
-        }
+        run.restore(found, counts, &mut sets);
     }
-    for i in sets.len()..stem {
-        sets.push(read(memo.as_deref_mut(), i, vocab, counts));
+    for (i, text) in texts.iter().enumerate().take(stem).skip(sets.len()) {
+        sets.push(run.read(text, keys.get(i), counts));
     }
     match earlier {
         // The same stem again (a retry, another pass of this request, or a
@@ -448,16 +486,71 @@ pub(super) fn read_words(
         found => {
             cache.put_history_words(
                 prefixes[stem - 1],
-                Arc::new(HistoryWords::of(vocab, counts, &sets)),
+                Arc::new(HistoryWords::of(&run.words(), counts, &sets)),
             );
             if let Some((_, k)) = found {
                 cache.remove_history_words(prefixes[k]);
             }
         }
     }
-    sets.push(read(memo.as_deref_mut(), stem, vocab, counts));
-    counts.resize(vocab.len(), 0);
-    sets
+    sets.push(run.read(texts[stem], keys.get(stem), counts));
+    counts.resize(run.len(), 0);
+    (run.into_vocabulary(), sets)
+}
+
+/// How one run reads: through the replay's [`TextWords`] into the kept ids
+/// of its words, or alone into a vocabulary of its own.
+enum Run<'m> {
+    Kept(&'m mut TextWords, Vec<u32>),
+    Own(Reader, Vocabulary),
+}
+
+impl Run<'_> {
+    /// The word set of `text` (keyed `key`, when the run reads by key), its
+    /// occurrences added to `counts`.
+    fn read(&mut self, text: &str, key: Option<&u128>, counts: &mut Vec<u32>) -> Vec<u32> {
+        match self {
+            Run::Kept(memo, ids) => memo.read(text, key.copied().unwrap_or_default(), ids, counts),
+            Run::Own(reader, vocab) => reader.read(text, vocab, counts),
+        }
+    }
+
+    /// Puts `found` back into the run's empty vocabulary, `counts` and
+    /// `sets`; a broken entry leaves them empty.
+    fn restore(&mut self, found: &HistoryWords, counts: &mut Vec<u32>, sets: &mut Vec<Vec<u32>>) {
+        match self {
+            Run::Kept(memo, ids) => {
+                if !memo.restore(found, ids, counts, sets) {
+                    // A broken entry: the texts are read instead, in a run
+                    // of their own.
+                    ids.clear();
+                    memo.begin();
+                }
+            }
+            Run::Own(_, vocab) => found.restore(vocab, counts, sets),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Run::Kept(_, ids) => ids.len(),
+            Run::Own(_, vocab) => vocab.len(),
+        }
+    }
+
+    fn words(&self) -> RunWords<'_> {
+        match self {
+            Run::Kept(memo, ids) => RunWords::Kept(ids, Some(&memo.vocab)),
+            Run::Own(_, vocab) => RunWords::Own(vocab),
+        }
+    }
+
+    fn into_vocabulary(self) -> RunVocabulary {
+        match self {
+            Run::Kept(_, ids) => RunVocabulary::Kept(ids),
+            Run::Own(_, vocab) => RunVocabulary::Own(vocab),
+        }
+    }
 }
 
 /// Reads texts' words, reusing its buffers from one text to the next.
@@ -518,9 +611,10 @@ mod tests {
         texts: &[&str],
         cache: &dyn WordListCache,
     ) -> (Vec<Vec<u32>>, Vec<u32>, Vec<String>) {
-        let mut vocab = Vocabulary::default();
         let mut counts = Vec::new();
-        let sets = read_words(texts, &mut vocab, &mut counts, cache, None);
+        let (vocab, sets) = read_words(texts, &mut counts, cache, None);
+        let memo = cache.text_words().map(RefCell::borrow);
+        let vocab = vocab.words(memo.as_deref());
         let words = (0..vocab.len() as u32)
             .map(|id| vocab.word(id).to_owned())
             .collect();
@@ -676,7 +770,11 @@ mod tests {
         assert!(entry.fits(2) && !entry.fits(3));
         // Another history whose key collided would find an entry of
         // another length, or sets naming words it does not have.
-        let mut broken = HistoryWords::of(&Vocabulary::default(), &[], &[vec![], vec![]]);
+        let mut broken = HistoryWords::of(
+            &RunWords::Own(&Vocabulary::default()),
+            &[],
+            &[vec![], vec![]],
+        );
         broken.sets = vec![7].into();
         assert!(!broken.fits(2));
         cache.entries.borrow_mut().insert(key, Arc::new(broken));
