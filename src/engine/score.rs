@@ -2,6 +2,7 @@
 //! topic terms of the whole history, and each message's score.
 
 use std::cell::RefCell;
+use std::cmp::Reverse;
 
 use super::word_lists::{read_words, WordListCache};
 use super::{Message, WEIGHTS};
@@ -49,16 +50,24 @@ impl Scores {
             .filter(|&id| vocab.word_chars(id) > TOPIC_MIN_CHARS)
             .collect();
         // Count descending, then the word in code-point order (UTF-8 byte
-        // order is code-point order). Only the first 25 matter, so select
-        // them before sorting.
+        // order is code-point order). Only the first 25 matter: the 25th
+        // count is found by count alone (an integer compare; most words
+        // tie on a few counts, and each tie would compare two words), and
+        // only the words of at least that count are ordered in full.
         let order = |&a: &u32, &b: &u32| {
             counts[b as usize]
                 .cmp(&counts[a as usize])
                 .then_with(|| vocab.word(a).cmp(vocab.word(b)))
         };
         if topic.len() > TOPIC_TERMS {
-            topic.select_nth_unstable_by(TOPIC_TERMS - 1, order);
-            topic.truncate(TOPIC_TERMS);
+            let (_, &mut last, _) = topic
+                .select_nth_unstable_by_key(TOPIC_TERMS - 1, |&id| Reverse(counts[id as usize]));
+            let least = counts[last as usize];
+            topic.retain(|&id| counts[id as usize] >= least);
+            if topic.len() > TOPIC_TERMS {
+                topic.select_nth_unstable_by(TOPIC_TERMS - 1, order);
+                topic.truncate(TOPIC_TERMS);
+            }
         }
         topic.sort_unstable_by(order);
 
@@ -116,5 +125,52 @@ impl Scores {
 
     pub fn vocabulary_len(&self) -> usize {
         self.vocabulary_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::strategy::Strategy;
+
+    use super::*;
+    use crate::engine::text::words;
+    use crate::engine::{NoCaches, Role};
+
+    /// The spec's topic terms, by a full sort of every long word.
+    fn topic_by_full_sort(texts: &[String]) -> Vec<String> {
+        let mut counts: HashMap<String, u32> = HashMap::new();
+        for text in texts {
+            for word in words(text) {
+                *counts.entry(word).or_default() += 1;
+            }
+        }
+        let mut long: Vec<(String, u32)> = counts
+            .into_iter()
+            .filter(|(word, _)| word.chars().count() > TOPIC_MIN_CHARS)
+            .collect();
+        long.sort_by(|(a, m), (b, n)| n.cmp(m).then_with(|| a.cmp(b)));
+        long.into_iter()
+            .take(TOPIC_TERMS)
+            .map(|(word, _)| word)
+            .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Few counts shared by many words: the 25th place falls inside a
+        /// tie, which only the words decide.
+        #[test]
+        fn topic_terms_are_the_most_frequent_long_words_then_the_first_in_order(
+            texts in proptest::collection::vec(
+                proptest::collection::vec("[a-f]{3,5}|Größe|ΣΊΣΥΦΟΣ", 0..30).prop_map(|w| w.join(" ")),
+                1..12,
+            ),
+        ) {
+            let messages: Vec<Message> = texts.iter().map(|t| Message::new(Role::User, t.as_str())).collect();
+            let scores = Scores::new(&messages, &NoCaches);
+            proptest::prop_assert_eq!(scores.topic_terms(), topic_by_full_sort(&texts));
+        }
     }
 }
