@@ -1027,8 +1027,8 @@ impl<'a> Replay<'a> {
             items: entries
                 .iter()
                 .map(|e| {
-                    let mut item = self.conversation.items[e.index as usize].clone();
-                    item.text = char_prefix(&self.text_of(e), e.kept as usize).to_owned();
+                    let mut item = self.conversation.items[e.index as usize]
+                        .with_text(self.kept_text(e).into_owned());
                     item.fixed_chars = self.fixed_of(e);
                     for (pos, args) in self.arguments_of(e) {
                         item.tool_calls[pos].arguments = args;
@@ -1061,7 +1061,7 @@ impl<'a> Replay<'a> {
                 .zip(entries)
                 .map(|(item, e)| Message {
                     subject: self.subjects[e.index as usize].clone(),
-                    ..Message::new(item.role, item.text.clone())
+                    ..Message::borrowed(item.role, item.text.as_str())
                 })
                 .collect();
             found = super::protect_relevant(&form, &messages, self.policy, &mut untouchable);

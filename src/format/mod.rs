@@ -226,6 +226,39 @@ pub struct Item {
 }
 
 impl Item {
+    /// A copy of this item with `text` for its text: the item's own text
+    /// is not copied on the way.
+    pub fn with_text(&self, text: String) -> Self {
+        let Item {
+            role,
+            text: _,
+            fixed_chars,
+            group,
+            fixed,
+            why_fixed,
+            provider_compaction,
+            tool_calls,
+            answers,
+            piece_chars,
+            piece_answers,
+            thinking,
+        } = self;
+        Item {
+            role: *role,
+            text,
+            fixed_chars: *fixed_chars,
+            group: *group,
+            fixed: *fixed,
+            why_fixed: *why_fixed,
+            provider_compaction: *provider_compaction,
+            tool_calls: tool_calls.clone(),
+            answers: answers.clone(),
+            piece_chars: piece_chars.clone(),
+            piece_answers: piece_answers.clone(),
+            thinking: *thinking,
+        }
+    }
+
     pub fn new(role: Role, text: impl Into<String>) -> Self {
         Item {
             role,
