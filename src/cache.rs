@@ -167,8 +167,9 @@ impl Checkpoints for CheckpointStore {
 }
 
 /// Parses of recent large bodies ([`Snapshot`]), so that the next turn of
-/// the same conversation, which resends them with new items appended,
-/// parses only the new items ([`Format::parse_after`]). A body is filed
+/// the same conversation, which resends them with new items appended (or
+/// its last item replaced), parses only the new items
+/// ([`Format::parse_after`]). A body is filed
 /// under a hash of the policy, the format and its bytes up to the end of
 /// the compacted array's first [`SLOT_ELEMENTS`] items (where two
 /// conversations of one agent begin to differ); a slot holds the newest
@@ -361,7 +362,9 @@ impl PrefixCache {
         ))
     }
 
-    /// Takes out of `slot` the newest snapshot `body` begins with.
+    /// Takes out of `slot` the newest snapshot `body` begins with; failing
+    /// that, the newest whose bytes up to its last item `body` begins with
+    /// (a new last message), cut back to before that item.
     fn take(
         &self,
         slots: &Cache<u64, Arc<Slot>>,
@@ -370,10 +373,17 @@ impl PrefixCache {
         body: &[u8],
     ) -> Option<Snapshot> {
         let held = slots.get(&slot)?;
-        let at = held
-            .snapshots
-            .iter()
-            .rposition(|h| h.holds(|s| s.format() == format && s.continues(body)))?;
+        let newest = |test: &dyn Fn(&Snapshot) -> bool| {
+            held.snapshots
+                .iter()
+                .rposition(|h| h.holds(|s| s.format() == format && test(s)))
+        };
+        // A body that extends a snapshot, else one that replaces its last
+        // item (resumed from before that item).
+        let (at, replaces_last) = match newest(&|s| s.continues(body)) {
+            Some(at) => (at, false),
+            None => (newest(&|s| s.continues_before_last(body))?, true),
+        };
         // Taken under its lock: of two requests racing for it, one gets it
         // (the other parses whole).
         let found = held.snapshots[at].take();
@@ -389,7 +399,10 @@ impl PrefixCache {
         } else {
             slots.insert(slot, Arc::new(Slot { snapshots: rest }));
         }
-        found
+        match replaces_last {
+            true => found?.before_last(),
+            false => found,
+        }
     }
 
     /// Keeps what parsing a body gave, for the next turn to resume from:

@@ -120,6 +120,37 @@ enum Edit {
     Reorder,
     /// The body cut mid-message (a broken client), once.
     Cut(f64),
+    /// The last item replaced (a new question on the same history).
+    Last(Replace),
+    /// The last item dropped.
+    DropLast,
+    /// The body cut just after the item before the last, once.
+    CutBeforeLast,
+}
+
+/// What replaces the last item.
+#[derive(Debug, Clone, Copy)]
+enum Replace {
+    /// A user message of about this many chars.
+    Question(usize),
+    /// An assistant message of about this many chars (another role).
+    Answer(usize),
+    /// The same item, as many bytes, one char changed in its longest text.
+    SameLength,
+    /// A model's call, its result to come with the next turn.
+    Call,
+    /// A tool result of about this many chars, for the latest call.
+    Result(usize),
+}
+
+fn replace() -> impl Strategy<Value = Replace> {
+    prop_oneof![
+        (10usize..3000).prop_map(Replace::Question),
+        (10usize..3000).prop_map(Replace::Answer),
+        Just(Replace::SameLength),
+        Just(Replace::Call),
+        (10usize..3000).prop_map(Replace::Result),
+    ]
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -130,7 +161,47 @@ fn edit() -> impl Strategy<Value = Edit> {
         1 => Just(Edit::Model),
         1 => Just(Edit::Reorder),
         1 => (0.05f64..0.999).prop_map(Edit::Cut),
+        5 => replace().prop_map(Edit::Last),
+        1 => Just(Edit::DropLast),
+        1 => Just(Edit::CutBeforeLast),
     ]
+}
+
+/// A message of `role` (user or assistant) with `text`.
+fn message(format: Format, role: &str, text: String) -> Value {
+    match format {
+        Format::Chat | Format::Anthropic => json!({"role": role, "content": text}),
+        Format::Responses => json!({"type": "message", "role": role, "content": text}),
+    }
+}
+
+/// A tool result of `text` for call `id`.
+fn tool_result(format: Format, id: &str, text: String) -> Value {
+    match format {
+        Format::Chat => json!({"role": "tool", "tool_call_id": id, "content": text}),
+        Format::Anthropic => json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": text}]}),
+        Format::Responses => json!({"type": "function_call_output", "call_id": id, "output": text}),
+    }
+}
+
+/// `value` with one ASCII letter of its longest string changed (as many
+/// bytes as before).
+fn flip_longest_string(value: &mut Value) {
+    fn longest(v: &mut Value) -> Option<&mut String> {
+        match v {
+            Value::String(s) => Some(s),
+            Value::Array(a) => a.iter_mut().filter_map(longest).max_by_key(|s| s.len()),
+            Value::Object(o) => o.values_mut().filter_map(longest).max_by_key(|s| s.len()),
+            _ => None,
+        }
+    }
+    let Some(s) = longest(value) else { return };
+    if let Some(at) = s.find(|c: char| c.is_ascii_lowercase()) {
+        let c = s.as_bytes()[at];
+        let other = if c == b'z' { 'a' } else { (c + 1) as char };
+        s.replace_range(at..at + 1, other.encode_utf8(&mut [0; 4]));
+    }
 }
 
 /// What a path makes of a body: the parse (all of it, spans included) and
@@ -217,9 +288,56 @@ impl Session {
                 }
                 return whole[..cut].to_vec();
             }
+            Edit::Last(what) => {
+                let seed = self.items.len() as u64 * 31 + 5;
+                let new = match *what {
+                    Replace::Question(size) => message(format, "user", text(size, seed)),
+                    Replace::Answer(size) => message(format, "assistant", text(size, seed)),
+                    Replace::SameLength => {
+                        let mut last = self.items.last().cloned().unwrap_or_default();
+                        flip_longest_string(&mut last);
+                        last
+                    }
+                    Replace::Call => {
+                        self.turns += 1;
+                        let mut turn = turn_items(format, self.turns, 300);
+                        self.pending = turn.pop();
+                        turn.remove(0)
+                    }
+                    Replace::Result(size) => {
+                        let id = format!("call_{}", self.turns);
+                        tool_result(format, &id, text(size, seed))
+                    }
+                };
+                if !matches!(what, Replace::Call) {
+                    self.pending = None;
+                }
+                match self.items.last_mut() {
+                    Some(last) => *last = new,
+                    None => self.items.push(new),
+                }
+            }
+            Edit::DropLast => {
+                if self.items.len() > 1 {
+                    self.items.pop();
+                }
+                self.pending = None;
+            }
+            Edit::CutBeforeLast => {
+                let whole = body(format, &self.items, &self.model, self.array_first);
+                let last = serde_json::to_string(self.items.last().unwrap()).unwrap();
+                // Before the comma that goes before the last item.
+                let at = find_last(&whole, last.as_bytes()).map_or(whole.len(), |at| at - 1);
+                return whole[..at].to_vec();
+            }
         }
         body(format, &self.items, &self.model, self.array_first)
     }
+}
+
+/// Where `needle` last starts in `haystack`.
+fn find_last(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).rposition(|w| w == needle)
 }
 
 proptest! {
@@ -263,7 +381,7 @@ proptest! {
                 expected_hits += 1;
             }
             // A cut body may take the session's snapshot with it.
-            kept[s] = !matches!(edit, Edit::Cut(_))
+            kept[s] = !matches!(edit, Edit::Cut(_) | Edit::CutBeforeLast)
                 && want.is_ok()
                 && request.len() >= MIN_SNAPSHOT_BYTES;
         }
@@ -292,6 +410,82 @@ fn an_appending_turn_resumes_and_parses_only_what_it_appends() {
         let want = whole(format, &edited, &policy, &CheckpointStore::new(0));
         assert_eq!(resumed(&prefixes, format, &edited, &policy, &ck), want);
         assert_eq!((prefixes.hits(), prefixes.misses()), (5, 2), "{format}");
+    }
+}
+
+/// A turn whose last item replaces the previous turn's (a new question on
+/// the same history, another role, a call or a result, as long as before
+/// or not) resumes before that item, and forwards what the whole parse
+/// forwards.
+#[test]
+fn a_turn_that_replaces_its_last_item_resumes_before_it() {
+    let turns = [
+        Edit::Last(Replace::Question(400)),
+        Edit::Last(Replace::Question(400)),
+        Edit::Last(Replace::SameLength),
+        Edit::Last(Replace::Answer(90)),
+        Edit::Last(Replace::Result(2500)),
+        Edit::Last(Replace::Call),
+        Edit::Append(600),
+        Edit::Last(Replace::Question(5)),
+        Edit::DropLast,
+        Edit::Append(300),
+    ];
+    for format in Format::ALL {
+        for mode in [Mode::Stable, Mode::Exact] {
+            let policy = policy(mode);
+            let prefixes = PrefixCache::new(64 << 20);
+            let ck = CheckpointStore::new(1 << 20);
+            let mut session = Session::new(format, "t");
+            for edit in [Edit::Append(500), Edit::Append(500)] {
+                let body = session.apply(format, &edit);
+                resumed(&prefixes, format, &body, &policy, &ck).unwrap();
+            }
+            assert_eq!((prefixes.hits(), prefixes.misses()), (1, 1), "{format}");
+            for (n, edit) in turns.iter().enumerate() {
+                let next = session.apply(format, edit);
+                let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+                let got = resumed(&prefixes, format, &next, &policy, &ck);
+                assert_eq!(got, want, "{format} {mode:?} {edit:?}");
+                assert_eq!(
+                    (prefixes.hits(), prefixes.misses()),
+                    (n as u64 + 2, 1),
+                    "{format} {mode:?} {edit:?} resumes"
+                );
+            }
+        }
+    }
+}
+
+/// With every body filed under one slot (a forced collision), a turn
+/// that replaces its last item resumes from its own conversation's
+/// snapshot only: another conversation's, whose items but the last
+/// differ, is never cut back and used.
+#[test]
+fn a_replaced_last_item_resumes_only_from_its_own_conversation_when_slots_collide() {
+    for format in Format::ALL {
+        let policy = policy(Mode::Stable);
+        let prefixes = PrefixCache::colliding(64 << 20);
+        let ck = CheckpointStore::new(1 << 20);
+        let mut sessions = [Session::new(format, "task one"), Session::new(format, "task two")];
+        for session in &mut sessions {
+            for edit in [Edit::Append(500), Edit::Append(700)] {
+                let body = session.apply(format, &edit);
+                resumed(&prefixes, format, &body, &policy, &ck).unwrap();
+            }
+        }
+        let hits = prefixes.hits();
+        for (s, edit) in [
+            (0, Edit::Last(Replace::Question(300))),
+            (1, Edit::Last(Replace::SameLength)),
+            (0, Edit::Last(Replace::Answer(300))),
+            (1, Edit::Last(Replace::Result(900))),
+        ] {
+            let next = sessions[s].apply(format, &edit);
+            let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+            assert_eq!(resumed(&prefixes, format, &next, &policy, &ck), want);
+        }
+        assert_eq!(prefixes.hits(), hits + 4, "{format}");
     }
 }
 

@@ -1,6 +1,8 @@
 //! Resuming a parse (issue 29): an agent resends its whole history every
 //! turn, so a turn's body is usually the previous one's with new items
-//! appended to the compacted array. A [`Snapshot`] of a parse holds what
+//! appended to the compacted array, or with its last item replaced (a new
+//! question on the same history: the snapshot is cut back to before its
+//! last item, [`Snapshot::before_last`]). A [`Snapshot`] of a parse holds what
 //! the format's read loop had made of the body's items (the neutral items,
 //! their spans, the loop's state: open tool calls, a model turn's group),
 //! with the bytes it read them from. [`Format::parse_after`] reads a body
@@ -185,6 +187,16 @@ impl Carried {
 }
 
 impl CarriedState {
+    /// What is carried for the first `kept` items alone. The previous
+    /// splice goes: its plan names items by index, not by their bytes, so
+    /// a replaced item planned alike would be forwarded as it was.
+    fn cut_to(&mut self, kept: usize) {
+        self.chars.truncate(kept);
+        self.chain.truncate(kept);
+        self.cuts.retain(|&(index, _), _| (index as usize) < kept);
+        self.spliced = None;
+    }
+
     fn weight(&self) -> usize {
         PerItem::weight(&self.chars)
             + PerItem::weight(&self.chain)
@@ -294,6 +306,11 @@ pub(crate) struct ReadState {
     pub turn_group: Option<u32>,
     /// Responses: reasoning items waiting for the item they go with.
     pub reasoning: Vec<usize>,
+    /// At a loop's end: its state before the last item it read (`None`
+    /// when it read none), for a body that replaces that item. The loop's
+    /// state cannot be wound back from its end (an assistant message with
+    /// calls forgets the calls before it), so it is kept as it was.
+    pub before_last: Option<Box<ReadState>>,
 }
 
 /// Where a read loop starts: the items read so far and the loop's state.
@@ -432,6 +449,9 @@ pub struct Snapshot {
     items: Vec<Item>,
     wire: Vec<OwnedWire>,
     state: ReadState,
+    /// The loop's state before the last item, when a body that replaces
+    /// that item may resume there (see [`Snapshot::continues_before_last`]).
+    before_last: Option<ReadState>,
     carried: CarriedState,
 }
 
@@ -447,7 +467,7 @@ impl Snapshot {
     /// word, checked in debug builds), shared with another store.
     pub(crate) fn of(
         parsed: Parsed<'_>,
-        state: ReadState,
+        mut state: ReadState,
         body: Option<&Bytes>,
     ) -> Option<Snapshot> {
         let items = &parsed.conversation.items;
@@ -455,6 +475,14 @@ impl Snapshot {
         if items.iter().any(|m| m.provider_compaction) || !state.reasoning.is_empty() {
             return None;
         }
+        // Responses reasoning waiting before the last item took its group
+        // from that item: the items before it are not what the loop left
+        // there.
+        let before_last = state
+            .before_last
+            .take()
+            .map(|b| *b)
+            .filter(|b| b.reasoning.is_empty() && parsed.wire.len() >= 2);
         let end = last.span.end;
         debug_assert!(body.map_or(true, |b| b.as_ref() == parsed.body.as_bytes()));
         let prefix = match body.filter(|b| b.len() == parsed.body.len()) {
@@ -474,6 +502,7 @@ impl Snapshot {
                 .collect(),
             items: parsed.conversation.items,
             state,
+            before_last,
         })
     }
 
@@ -489,6 +518,40 @@ impl Snapshot {
     /// Whether `body` begins with this snapshot's bytes and goes on.
     pub fn continues(&self, body: &[u8]) -> bool {
         body.len() > self.prefix.len() && body[..self.prefix.len()] == self.prefix[..]
+    }
+
+    /// Where the item before the last ends, when the loop's state there
+    /// is known.
+    fn before_last_end(&self) -> Option<usize> {
+        self.before_last.as_ref()?;
+        let before = self.wire.len().checked_sub(2)?;
+        Some(self.wire[before].span.end)
+    }
+
+    /// Whether `body` begins with this snapshot's bytes up to the end of
+    /// the item before the last, and goes on: a turn that replaces the last
+    /// message (a new question on the same history) resumes there, from
+    /// [`Snapshot::before_last`].
+    pub fn continues_before_last(&self, body: &[u8]) -> bool {
+        self.before_last_end()
+            .is_some_and(|end| body.len() > end && body[..end] == self.prefix[..end])
+    }
+
+    /// The snapshot as it was before its last item (which a body that
+    /// [`Snapshot::continues_before_last`] replaces): the last item, its
+    /// carried values and the previous splice (which holds that item's
+    /// bytes) cut off, the loop's state the one before it. `None` when
+    /// that state is not known.
+    pub(crate) fn before_last(mut self) -> Option<Snapshot> {
+        let end = self.before_last_end()?;
+        let state = self.before_last.take()?;
+        let kept = self.wire.len() - 1;
+        self.prefix = self.prefix.slice(..end);
+        self.items.truncate(kept);
+        self.wire.truncate(kept);
+        self.state = state;
+        self.carried.cut_to(kept);
+        Some(self)
     }
 
     /// Approximate bytes held, for the cache's weigher: the prefix, every
