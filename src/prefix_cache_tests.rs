@@ -421,6 +421,8 @@ fn an_appending_turn_resumes_and_parses_only_what_it_appends() {
 fn a_turn_that_replaces_its_last_item_resumes_before_it() {
     let turns = [
         Edit::Last(Replace::Question(400)),
+        // The same body again (a retry): the next replacement still
+        // resumes.
         Edit::Last(Replace::Question(400)),
         Edit::Last(Replace::SameLength),
         Edit::Last(Replace::Answer(90)),
@@ -467,7 +469,10 @@ fn a_replaced_last_item_resumes_only_from_its_own_conversation_when_slots_collid
         let policy = policy(Mode::Stable);
         let prefixes = PrefixCache::colliding(64 << 20);
         let ck = CheckpointStore::new(1 << 20);
-        let mut sessions = [Session::new(format, "task one"), Session::new(format, "task two")];
+        let mut sessions = [
+            Session::new(format, "task one"),
+            Session::new(format, "task two"),
+        ];
         for session in &mut sessions {
             for edit in [Edit::Append(500), Edit::Append(700)] {
                 let body = session.apply(format, &edit);

@@ -642,7 +642,13 @@ impl Format {
             start,
             at: Some(from),
         };
-        let (mut parsed, state) = self.parse_split(text, max_items, resume)?;
+        let read_before = resume.start.wire.len();
+        let (mut parsed, mut state) = self.parse_split(text, max_items, resume)?;
+        if parsed.wire.len() == read_before {
+            // No item read (the same items again: a retry): the state
+            // before the last item is still the snapshot's.
+            state.before_last = snapshot.before_last.map(Box::new);
+        }
         parsed.carried = Carried::of(snapshot.carried);
         Some((parsed, state))
     }
