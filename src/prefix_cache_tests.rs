@@ -10,10 +10,37 @@ use crate::config::Mode;
 use crate::engine::{Policy, Role};
 use crate::policy::CompiledPolicy;
 
+/// Below the first item alone: every body is compacted, so every turn
+/// splices and keeps its splice for the next turn to reuse.
+const COMPACTS: usize = 20_000;
+/// Above any session's bodies: every body is forwarded as it came.
+const FITS: usize = 10_000_000;
+
 fn policy(mode: Mode) -> CompiledPolicy {
-    let mut engine = Policy::with_budget(40_000);
+    policy_within(mode, COMPACTS)
+}
+
+/// [`policy`] with the agent passes on and a protected window smaller
+/// than one large tool result: the newest result, alone past it, is cut
+/// to head and tail (in stable mode, a cut carried across turns).
+fn agent_policy(mode: Mode) -> CompiledPolicy {
+    let mut p = policy(mode);
+    p.agent = crate::compaction::agent::AgentPolicy {
+        max_tool_result_chars: 1000,
+        protect_tool_chars: 2000,
+        prune_minimum_chars: 0,
+        ..crate::compaction::agent::AgentPolicy::DEFAULT
+    };
+    p
+}
+
+fn policy_within(mode: Mode, budget: usize) -> CompiledPolicy {
+    let mut engine = Policy::with_budget(budget);
     engine.keep_roles = vec![Role::System];
     engine.max_message_chars = 4000;
+    // Few kept whole: the session's first, long item goes from its third
+    // turn on.
+    engine.keep_last_n = 2;
     let mut p = CompiledPolicy::plain("prefix", engine);
     p.mode = mode;
     p.pin_first_user = false;
@@ -149,7 +176,8 @@ fn replace() -> impl Strategy<Value = Replace> {
         (10usize..3000).prop_map(Replace::Answer),
         Just(Replace::SameLength),
         Just(Replace::Call),
-        (10usize..3000).prop_map(Replace::Result),
+        // Past `max_message_chars` too: cut to head and tail.
+        (10usize..9000).prop_map(Replace::Result),
     ]
 }
 
@@ -204,6 +232,17 @@ fn flip_longest_string(value: &mut Value) {
     }
 }
 
+/// What a parse is, as two paths must agree on it: its items and spans,
+/// and the values carried across turns for its items (each item's chars
+/// and chained hash), which its `Debug` leaves out.
+fn seen(parsed: &Parsed<'_>) -> String {
+    format!(
+        "{parsed:?} chars {:?} chain {:?}",
+        parsed.text_chars(),
+        parsed.item_chain()
+    )
+}
+
 /// What a path makes of a body: the parse (all of it, spans included) and
 /// the bytes forwarded, or why it was skipped.
 fn whole(
@@ -215,7 +254,7 @@ fn whole(
     let parsed = format.parse(body, 10_000)?;
     let outcome = crate::proxy::compact::outcome_of_parsed(&parsed, policy, checkpoints, None);
     let forwarded = outcome.rewritten.map_or(body.to_vec(), |b| b.to_vec());
-    Ok((format!("{parsed:?}"), forwarded))
+    Ok((seen(&parsed), forwarded))
 }
 
 fn resumed(
@@ -227,7 +266,7 @@ fn resumed(
 ) -> Result<(String, Vec<u8>), Skip> {
     let (parsed, lease) = prefixes.parse(policy.id, format, body, 10_000)?;
     let outcome = crate::proxy::compact::outcome_of_parsed(&parsed, policy, checkpoints, None);
-    let seen = format!("{parsed:?}");
+    let seen = seen(&parsed);
     prefixes.keep(lease, parsed);
     let forwarded = outcome.rewritten.map_or(body.to_vec(), |b| b.to_vec());
     Ok((seen, forwarded))
@@ -353,9 +392,11 @@ proptest! {
         format in prop_oneof![Just(Format::Chat), Just(Format::Anthropic), Just(Format::Responses)],
         stable in any::<bool>(),
         collide in any::<bool>(),
+        fits in any::<bool>(),
         edits in proptest::collection::vec((edit(), any::<bool>()), 1..14),
     ) {
-        let policy = policy(if stable { Mode::Stable } else { Mode::Exact });
+        let mode = if stable { Mode::Stable } else { Mode::Exact };
+        let policy = policy_within(mode, if fits { FITS } else { COMPACTS });
         let prefixes = if collide {
             PrefixCache::colliding(64 << 20)
         } else {
@@ -457,6 +498,93 @@ fn a_turn_that_replaces_its_last_item_resumes_before_it() {
             }
         }
     }
+}
+
+/// After a compacted turn (its splice kept for the next turn to reuse), a
+/// turn whose last item replaces that turn's forwards the new item, not
+/// what the previous splice wrote in its place, and carries the new item's
+/// values (chars, chained hash, text cut to head and tail), not the old
+/// one's: the replaced item sits at the same index, planned alike.
+#[test]
+fn a_replaced_last_item_is_forwarded_as_it_now_is_not_as_the_previous_splice_wrote_it() {
+    let turns = [
+        Edit::Append(500),
+        Edit::Last(Replace::SameLength),
+        // Past `max_message_chars`: cut to head and tail.
+        Edit::Last(Replace::Result(6000)),
+        Edit::Last(Replace::Result(7000)),
+        Edit::Last(Replace::SameLength),
+    ];
+    for format in Format::ALL {
+        for (mode, agent) in [Mode::Stable, Mode::Exact]
+            .into_iter()
+            .flat_map(|m| [(m, false), (m, true)])
+        {
+            let policy = match agent {
+                true => agent_policy(mode),
+                false => policy(mode),
+            };
+            let prefixes = PrefixCache::new(64 << 20);
+            let ck = CheckpointStore::new(1 << 20);
+            let mut session = Session::new(format, "t");
+            let mut forwarded = (Vec::new(), Vec::new());
+            for edit in [
+                Edit::Append(500),
+                Edit::Last(Replace::Question(300)),
+                Edit::Append(500),
+            ] {
+                let body = session.apply(format, &edit);
+                forwarded = (
+                    resumed(&prefixes, format, &body, &policy, &ck).unwrap().1,
+                    body,
+                );
+            }
+            assert_ne!(forwarded.0, forwarded.1, "{format} {mode:?}: compacted");
+            for edit in &turns {
+                let next = session.apply(format, edit);
+                let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+                let hits = prefixes.hits();
+                let got = resumed(&prefixes, format, &next, &policy, &ck);
+                assert_eq!(got, want, "{format} {mode:?} agent {agent} {edit:?}");
+                assert_eq!(
+                    prefixes.hits(),
+                    hits + 1,
+                    "{format} {mode:?} agent {agent} {edit:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Responses reasoning joins the group of the item after it: a snapshot
+/// whose last item took reasoning read before it holds that reasoning as
+/// grouped, not as the loop had it before the last item. A body that
+/// replaces that item (here with more reasoning, which joins nothing) is
+/// parsed whole.
+#[test]
+fn a_replaced_item_that_reasoning_waited_for_is_parsed_whole() {
+    let format = Format::Responses;
+    let policy = policy(Mode::Stable);
+    let prefixes = PrefixCache::new(64 << 20);
+    let ck = CheckpointStore::new(1 << 20);
+    let mut session = Session::new(format, "t");
+    for edit in [Edit::Append(500), Edit::Append(500)] {
+        let body = session.apply(format, &edit);
+        resumed(&prefixes, format, &body, &policy, &ck).unwrap();
+    }
+    let reasoning = |id: &str| json!({"type": "reasoning", "id": id, "summary": []});
+    session.items.push(reasoning("r1"));
+    session
+        .items
+        .push(message(format, "assistant", "done".into()));
+    let answered = body(format, &session.items, "m-1", true);
+    resumed(&prefixes, format, &answered, &policy, &ck).unwrap();
+    let hits = prefixes.hits();
+    *session.items.last_mut().unwrap() = reasoning("r2");
+    let next = body(format, &session.items, "m-1", true);
+    let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+    assert_eq!(resumed(&prefixes, format, &next, &policy, &ck), want);
+    assert_eq!(prefixes.hits(), hits, "not resumed");
 }
 
 /// With every body filed under one slot (a forced collision), a turn
