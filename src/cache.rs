@@ -16,7 +16,7 @@ use bytes::Bytes;
 use moka::sync::Cache;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
-use crate::format::resume::{ReadState, Snapshot, MIN_SNAPSHOT_BYTES};
+use crate::format::resume::{Continuation, ReadState, Snapshot, MIN_SNAPSHOT_BYTES};
 use crate::format::{Format, Parsed, Skip};
 pub use crate::outcome::Outcome;
 
@@ -213,6 +213,12 @@ impl Held {
         held.as_ref().is_some_and(test)
     }
 
+    /// What `read` says of the snapshot it still holds.
+    fn read<T>(&self, read: impl FnOnce(&Snapshot) -> Option<T>) -> Option<T> {
+        let held = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().and_then(read)
+    }
+
     fn take(&self) -> Option<Snapshot> {
         self.snapshot
             .lock()
@@ -373,16 +379,21 @@ impl PrefixCache {
         body: &[u8],
     ) -> Option<Snapshot> {
         let held = slots.get(&slot)?;
-        let newest = |test: &dyn Fn(&Snapshot) -> bool| {
-            held.snapshots
-                .iter()
-                .rposition(|h| h.holds(|s| s.format() == format && test(s)))
-        };
+        // Each snapshot's bytes read once.
+        let continuations: Vec<Option<Continuation>> = held
+            .snapshots
+            .iter()
+            .map(|h| h.read(|s| (s.format() == format).then(|| s.continuation(body))?))
+            .collect();
+        let newest = |how| continuations.iter().rposition(|c| *c == Some(how));
         // A body that extends a snapshot, else one that replaces its last
         // item (resumed from before that item).
-        let (at, replaces_last) = match newest(&|s| s.continues(body)) {
-            Some(at) => (at, false),
-            None => (newest(&|s| s.continues_before_last(body))?, true),
+        let (at, how) = match newest(Continuation::Extends) {
+            Some(at) => (at, Continuation::Extends),
+            None => (
+                newest(Continuation::ReplacesLast)?,
+                Continuation::ReplacesLast,
+            ),
         };
         // Taken under its lock: of two requests racing for it, one gets it
         // (the other parses whole).
@@ -399,9 +410,9 @@ impl PrefixCache {
         } else {
             slots.insert(slot, Arc::new(Slot { snapshots: rest }));
         }
-        match replaces_last {
-            true => found?.before_last(),
-            false => found,
+        match how {
+            Continuation::ReplacesLast => found?.before_last(),
+            Continuation::Extends => found,
         }
     }
 

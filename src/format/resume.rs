@@ -450,9 +450,33 @@ pub struct Snapshot {
     wire: Vec<OwnedWire>,
     state: ReadState,
     /// The loop's state before the last item, when a body that replaces
-    /// that item may resume there (see [`Snapshot::continues_before_last`]).
+    /// that item may resume there (see [`Continuation::ReplacesLast`]).
     before_last: Option<ReadState>,
     carried: CarriedState,
+}
+
+/// How a body goes on from a snapshot ([`Snapshot::continuation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// New items appended: it resumes after the snapshot's last item.
+    Extends,
+    /// The last item replaced (a new question on the same history): it
+    /// resumes before it, from [`Snapshot::before_last`].
+    ReplacesLast,
+}
+
+/// How many leading bytes `a` and `b` share: compared a block at a time
+/// (at memcmp's speed), then in smaller blocks within the first block
+/// that differs.
+fn shared_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    for block in [4096, 64, 1] {
+        while at + block <= n && a[at..at + block] == b[at..at + block] {
+            at += block;
+        }
+    }
+    at
 }
 
 /// Bodies shorter than this are parsed whole and never snapshotted: the
@@ -528,17 +552,23 @@ impl Snapshot {
         Some(self.wire[before].span.end)
     }
 
-    /// Whether `body` begins with this snapshot's bytes up to the end of
-    /// the item before the last, and goes on: a turn that replaces the last
-    /// message (a new question on the same history) resumes there, from
-    /// [`Snapshot::before_last`].
-    pub fn continues_before_last(&self, body: &[u8]) -> bool {
-        self.before_last_end()
-            .is_some_and(|end| body.len() > end && body[..end] == self.prefix[..end])
+    /// How `body` goes on from this snapshot's bytes, if it does: it
+    /// begins with all of them ([`Continuation::Extends`]), or with those
+    /// up to the end of the item before the last
+    /// ([`Continuation::ReplacesLast`]), and goes on. One pass over the
+    /// bytes they share answers both (a replaced last item differs only
+    /// near the end: two compares read the body twice).
+    pub fn continuation(&self, body: &[u8]) -> Option<Continuation> {
+        let shared = shared_prefix_len(body, &self.prefix);
+        if shared == self.prefix.len() && body.len() > shared {
+            return Some(Continuation::Extends);
+        }
+        let end = self.before_last_end()?;
+        (shared >= end && body.len() > end).then_some(Continuation::ReplacesLast)
     }
 
     /// The snapshot as it was before its last item (which a body that
-    /// [`Snapshot::continues_before_last`] replaces): the last item, its
+    /// [`Continuation::ReplacesLast`] replaces): the last item, its
     /// carried values and the previous splice (which holds that item's
     /// bytes) cut off, the loop's state the one before it. `None` when
     /// that state is not known.
@@ -683,4 +713,28 @@ fn utf8_after(body: &[u8], known: usize) -> Option<&str> {
     // an ASCII byte, so it ends on a char boundary; `body[known..]` was
     // just checked. Two valid UTF-8 sequences joined are valid UTF-8.
     Some(unsafe { std::str::from_utf8_unchecked(body) })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The blockwise count is the bytewise one, wherever the bytes
+        /// differ (within a block, at a block's edge, past either end).
+        #[test]
+        fn shared_prefix_len_counts_the_bytes_two_slices_begin_with(
+            len in 0usize..10_000,
+            other_len in 0usize..10_000,
+            differ_at in proptest::option::of(0usize..10_000),
+        ) {
+            let a: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut b: Vec<u8> = (0..other_len).map(|i| (i % 251) as u8).collect();
+            if let Some(at) = differ_at.filter(|&at| at < b.len()) {
+                b[at] ^= 0x55;
+            }
+            let bytewise = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            prop_assert_eq!(super::shared_prefix_len(&a, &b), bytewise);
+        }
+    }
 }
