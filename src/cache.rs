@@ -379,22 +379,23 @@ impl PrefixCache {
         body: &[u8],
     ) -> Option<Snapshot> {
         let held = slots.get(&slot)?;
-        // Each snapshot's bytes read once.
-        let continuations: Vec<Option<Continuation>> = held
-            .snapshots
-            .iter()
-            .map(|h| h.read(|s| (s.format() == format).then(|| s.continuation(body))?))
-            .collect();
-        let newest = |how| continuations.iter().rposition(|c| *c == Some(how));
         // A body that extends a snapshot, else one that replaces its last
-        // item (resumed from before that item).
-        let (at, how) = match newest(Continuation::Extends) {
-            Some(at) => (at, Continuation::Extends),
-            None => (
-                newest(Continuation::ReplacesLast)?,
-                Continuation::ReplacesLast,
-            ),
-        };
+        // item (resumed from before that item); newest first, each
+        // snapshot's bytes read once, none after one the body extends.
+        let mut chosen = None;
+        for (at, h) in held.snapshots.iter().enumerate().rev() {
+            match h.read(|s| (s.format() == format).then(|| s.continuation(body))?) {
+                Some(Continuation::Extends) => {
+                    chosen = Some((at, Continuation::Extends));
+                    break;
+                }
+                Some(Continuation::ReplacesLast) if chosen.is_none() => {
+                    chosen = Some((at, Continuation::ReplacesLast));
+                }
+                _ => {}
+            }
+        }
+        let (at, how) = chosen?;
         // Taken under its lock: of two requests racing for it, one gets it
         // (the other parses whole).
         let found = held.snapshots[at].take();
