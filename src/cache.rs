@@ -16,7 +16,7 @@ use bytes::Bytes;
 use moka::sync::Cache;
 
 use crate::compaction::stable::{Checkpoints, ReplayState};
-use crate::format::resume::{ReadState, Snapshot, MIN_SNAPSHOT_BYTES};
+use crate::format::resume::{Continuation, ReadState, Snapshot, MIN_SNAPSHOT_BYTES};
 use crate::format::{Format, Parsed, Skip};
 pub use crate::outcome::Outcome;
 
@@ -167,8 +167,9 @@ impl Checkpoints for CheckpointStore {
 }
 
 /// Parses of recent large bodies ([`Snapshot`]), so that the next turn of
-/// the same conversation, which resends them with new items appended,
-/// parses only the new items ([`Format::parse_after`]). A body is filed
+/// the same conversation, which resends them with new items appended (or
+/// its last item replaced), parses only the new items
+/// ([`Format::parse_after`]). A body is filed
 /// under a hash of the policy, the format and its bytes up to the end of
 /// the compacted array's first [`SLOT_ELEMENTS`] items (where two
 /// conversations of one agent begin to differ); a slot holds the newest
@@ -210,6 +211,12 @@ impl Held {
     fn holds(&self, test: impl FnOnce(&Snapshot) -> bool) -> bool {
         let held = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
         held.as_ref().is_some_and(test)
+    }
+
+    /// What `read` says of the snapshot it still holds.
+    fn read<T>(&self, read: impl FnOnce(&Snapshot) -> Option<T>) -> Option<T> {
+        let held = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().and_then(read)
     }
 
     fn take(&self) -> Option<Snapshot> {
@@ -361,7 +368,9 @@ impl PrefixCache {
         ))
     }
 
-    /// Takes out of `slot` the newest snapshot `body` begins with.
+    /// Takes out of `slot` the newest snapshot `body` begins with; failing
+    /// that, the newest whose bytes up to its last item `body` begins with
+    /// (a new last message), cut back to before that item.
     fn take(
         &self,
         slots: &Cache<u64, Arc<Slot>>,
@@ -370,10 +379,23 @@ impl PrefixCache {
         body: &[u8],
     ) -> Option<Snapshot> {
         let held = slots.get(&slot)?;
-        let at = held
-            .snapshots
-            .iter()
-            .rposition(|h| h.holds(|s| s.format() == format && s.continues(body)))?;
+        // A body that extends a snapshot, else one that replaces its last
+        // item (resumed from before that item); newest first, each
+        // snapshot's bytes read once, none after one the body extends.
+        let mut chosen = None;
+        for (at, h) in held.snapshots.iter().enumerate().rev() {
+            match h.read(|s| (s.format() == format).then(|| s.continuation(body))?) {
+                Some(Continuation::Extends) => {
+                    chosen = Some((at, Continuation::Extends));
+                    break;
+                }
+                Some(Continuation::ReplacesLast) if chosen.is_none() => {
+                    chosen = Some((at, Continuation::ReplacesLast));
+                }
+                _ => {}
+            }
+        }
+        let (at, how) = chosen?;
         // Taken under its lock: of two requests racing for it, one gets it
         // (the other parses whole).
         let found = held.snapshots[at].take();
@@ -389,7 +411,10 @@ impl PrefixCache {
         } else {
             slots.insert(slot, Arc::new(Slot { snapshots: rest }));
         }
-        found
+        match how {
+            Continuation::ReplacesLast => found?.before_last(),
+            Continuation::Extends => found,
+        }
     }
 
     /// Keeps what parsing a body gave, for the next turn to resume from:

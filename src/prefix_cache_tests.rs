@@ -10,10 +10,37 @@ use crate::config::Mode;
 use crate::engine::{Policy, Role};
 use crate::policy::CompiledPolicy;
 
+/// Below the first item alone: every body is compacted, so every turn
+/// splices and keeps its splice for the next turn to reuse.
+const COMPACTS: usize = 20_000;
+/// Above any session's bodies: every body is forwarded as it came.
+const FITS: usize = 10_000_000;
+
 fn policy(mode: Mode) -> CompiledPolicy {
-    let mut engine = Policy::with_budget(40_000);
+    policy_within(mode, COMPACTS)
+}
+
+/// [`policy`] with the agent passes on and a protected window smaller
+/// than one large tool result: the newest result, alone past it, is cut
+/// to head and tail (in stable mode, a cut carried across turns).
+fn agent_policy(mode: Mode) -> CompiledPolicy {
+    let mut p = policy(mode);
+    p.agent = crate::compaction::agent::AgentPolicy {
+        max_tool_result_chars: 1000,
+        protect_tool_chars: 2000,
+        prune_minimum_chars: 0,
+        ..crate::compaction::agent::AgentPolicy::DEFAULT
+    };
+    p
+}
+
+fn policy_within(mode: Mode, budget: usize) -> CompiledPolicy {
+    let mut engine = Policy::with_budget(budget);
     engine.keep_roles = vec![Role::System];
     engine.max_message_chars = 4000;
+    // Few kept whole: the session's first, long item goes from its third
+    // turn on.
+    engine.keep_last_n = 2;
     let mut p = CompiledPolicy::plain("prefix", engine);
     p.mode = mode;
     p.pin_first_user = false;
@@ -120,6 +147,38 @@ enum Edit {
     Reorder,
     /// The body cut mid-message (a broken client), once.
     Cut(f64),
+    /// The last item replaced (a new question on the same history).
+    Last(Replace),
+    /// The last item dropped.
+    DropLast,
+    /// The body cut just after the item before the last, once.
+    CutBeforeLast,
+}
+
+/// What replaces the last item.
+#[derive(Debug, Clone, Copy)]
+enum Replace {
+    /// A user message of about this many chars.
+    Question(usize),
+    /// An assistant message of about this many chars (another role).
+    Answer(usize),
+    /// The same item, as many bytes, one char changed in its longest text.
+    SameLength,
+    /// A model's call, its result to come with the next turn.
+    Call,
+    /// A tool result of about this many chars, for the latest call.
+    Result(usize),
+}
+
+fn replace() -> impl Strategy<Value = Replace> {
+    prop_oneof![
+        (10usize..3000).prop_map(Replace::Question),
+        (10usize..3000).prop_map(Replace::Answer),
+        Just(Replace::SameLength),
+        Just(Replace::Call),
+        // Past `max_message_chars` too: cut to head and tail.
+        (10usize..9000).prop_map(Replace::Result),
+    ]
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -130,7 +189,58 @@ fn edit() -> impl Strategy<Value = Edit> {
         1 => Just(Edit::Model),
         1 => Just(Edit::Reorder),
         1 => (0.05f64..0.999).prop_map(Edit::Cut),
+        5 => replace().prop_map(Edit::Last),
+        1 => Just(Edit::DropLast),
+        1 => Just(Edit::CutBeforeLast),
     ]
+}
+
+/// A message of `role` (user or assistant) with `text`.
+fn message(format: Format, role: &str, text: String) -> Value {
+    match format {
+        Format::Chat | Format::Anthropic => json!({"role": role, "content": text}),
+        Format::Responses => json!({"type": "message", "role": role, "content": text}),
+    }
+}
+
+/// A tool result of `text` for call `id`.
+fn tool_result(format: Format, id: &str, text: String) -> Value {
+    match format {
+        Format::Chat => json!({"role": "tool", "tool_call_id": id, "content": text}),
+        Format::Anthropic => json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": text}]}),
+        Format::Responses => json!({"type": "function_call_output", "call_id": id, "output": text}),
+    }
+}
+
+/// `value` with one ASCII letter of its longest string changed (as many
+/// bytes as before).
+fn flip_longest_string(value: &mut Value) {
+    fn longest(v: &mut Value) -> Option<&mut String> {
+        match v {
+            Value::String(s) => Some(s),
+            Value::Array(a) => a.iter_mut().filter_map(longest).max_by_key(|s| s.len()),
+            Value::Object(o) => o.values_mut().filter_map(longest).max_by_key(|s| s.len()),
+            _ => None,
+        }
+    }
+    let Some(s) = longest(value) else { return };
+    if let Some(at) = s.find(|c: char| c.is_ascii_lowercase()) {
+        let c = s.as_bytes()[at];
+        let other = if c == b'z' { 'a' } else { (c + 1) as char };
+        s.replace_range(at..at + 1, other.encode_utf8(&mut [0; 4]));
+    }
+}
+
+/// What a parse is, as two paths must agree on it: its items and spans,
+/// and the values carried across turns for its items (each item's chars
+/// and chained hash), which its `Debug` leaves out.
+fn seen(parsed: &Parsed<'_>) -> String {
+    format!(
+        "{parsed:?} chars {:?} chain {:?}",
+        parsed.text_chars(),
+        parsed.item_chain()
+    )
 }
 
 /// What a path makes of a body: the parse (all of it, spans included) and
@@ -144,7 +254,7 @@ fn whole(
     let parsed = format.parse(body, 10_000)?;
     let outcome = crate::proxy::compact::outcome_of_parsed(&parsed, policy, checkpoints, None);
     let forwarded = outcome.rewritten.map_or(body.to_vec(), |b| b.to_vec());
-    Ok((format!("{parsed:?}"), forwarded))
+    Ok((seen(&parsed), forwarded))
 }
 
 fn resumed(
@@ -156,7 +266,7 @@ fn resumed(
 ) -> Result<(String, Vec<u8>), Skip> {
     let (parsed, lease) = prefixes.parse(policy.id, format, body, 10_000)?;
     let outcome = crate::proxy::compact::outcome_of_parsed(&parsed, policy, checkpoints, None);
-    let seen = format!("{parsed:?}");
+    let seen = seen(&parsed);
     prefixes.keep(lease, parsed);
     let forwarded = outcome.rewritten.map_or(body.to_vec(), |b| b.to_vec());
     Ok((seen, forwarded))
@@ -217,9 +327,56 @@ impl Session {
                 }
                 return whole[..cut].to_vec();
             }
+            Edit::Last(what) => {
+                let seed = self.items.len() as u64 * 31 + 5;
+                let new = match *what {
+                    Replace::Question(size) => message(format, "user", text(size, seed)),
+                    Replace::Answer(size) => message(format, "assistant", text(size, seed)),
+                    Replace::SameLength => {
+                        let mut last = self.items.last().cloned().unwrap_or_default();
+                        flip_longest_string(&mut last);
+                        last
+                    }
+                    Replace::Call => {
+                        self.turns += 1;
+                        let mut turn = turn_items(format, self.turns, 300);
+                        self.pending = turn.pop();
+                        turn.remove(0)
+                    }
+                    Replace::Result(size) => {
+                        let id = format!("call_{}", self.turns);
+                        tool_result(format, &id, text(size, seed))
+                    }
+                };
+                if !matches!(what, Replace::Call) {
+                    self.pending = None;
+                }
+                match self.items.last_mut() {
+                    Some(last) => *last = new,
+                    None => self.items.push(new),
+                }
+            }
+            Edit::DropLast => {
+                if self.items.len() > 1 {
+                    self.items.pop();
+                }
+                self.pending = None;
+            }
+            Edit::CutBeforeLast => {
+                let whole = body(format, &self.items, &self.model, self.array_first);
+                let last = serde_json::to_string(self.items.last().unwrap()).unwrap();
+                // Before the comma that goes before the last item.
+                let at = find_last(&whole, last.as_bytes()).map_or(whole.len(), |at| at - 1);
+                return whole[..at].to_vec();
+            }
         }
         body(format, &self.items, &self.model, self.array_first)
     }
+}
+
+/// Where `needle` last starts in `haystack`.
+fn find_last(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).rposition(|w| w == needle)
 }
 
 proptest! {
@@ -235,9 +392,11 @@ proptest! {
         format in prop_oneof![Just(Format::Chat), Just(Format::Anthropic), Just(Format::Responses)],
         stable in any::<bool>(),
         collide in any::<bool>(),
+        fits in any::<bool>(),
         edits in proptest::collection::vec((edit(), any::<bool>()), 1..14),
     ) {
-        let policy = policy(if stable { Mode::Stable } else { Mode::Exact });
+        let mode = if stable { Mode::Stable } else { Mode::Exact };
+        let policy = policy_within(mode, if fits { FITS } else { COMPACTS });
         let prefixes = if collide {
             PrefixCache::colliding(64 << 20)
         } else {
@@ -263,7 +422,7 @@ proptest! {
                 expected_hits += 1;
             }
             // A cut body may take the session's snapshot with it.
-            kept[s] = !matches!(edit, Edit::Cut(_))
+            kept[s] = !matches!(edit, Edit::Cut(_) | Edit::CutBeforeLast)
                 && want.is_ok()
                 && request.len() >= MIN_SNAPSHOT_BYTES;
         }
@@ -292,6 +451,174 @@ fn an_appending_turn_resumes_and_parses_only_what_it_appends() {
         let want = whole(format, &edited, &policy, &CheckpointStore::new(0));
         assert_eq!(resumed(&prefixes, format, &edited, &policy, &ck), want);
         assert_eq!((prefixes.hits(), prefixes.misses()), (5, 2), "{format}");
+    }
+}
+
+/// A turn whose last item replaces the previous turn's (a new question on
+/// the same history, another role, a call or a result, as long as before
+/// or not) resumes before that item, and forwards what the whole parse
+/// forwards.
+#[test]
+fn a_turn_that_replaces_its_last_item_resumes_before_it() {
+    let turns = [
+        Edit::Last(Replace::Question(400)),
+        // The same body again (a retry): the next replacement still
+        // resumes.
+        Edit::Last(Replace::Question(400)),
+        Edit::Last(Replace::SameLength),
+        Edit::Last(Replace::Answer(90)),
+        Edit::Last(Replace::Result(2500)),
+        Edit::Last(Replace::Call),
+        Edit::Append(600),
+        Edit::Last(Replace::Question(5)),
+        Edit::DropLast,
+        Edit::Append(300),
+    ];
+    for format in Format::ALL {
+        for mode in [Mode::Stable, Mode::Exact] {
+            let policy = policy(mode);
+            let prefixes = PrefixCache::new(64 << 20);
+            let ck = CheckpointStore::new(1 << 20);
+            let mut session = Session::new(format, "t");
+            for edit in [Edit::Append(500), Edit::Append(500)] {
+                let body = session.apply(format, &edit);
+                resumed(&prefixes, format, &body, &policy, &ck).unwrap();
+            }
+            assert_eq!((prefixes.hits(), prefixes.misses()), (1, 1), "{format}");
+            for (n, edit) in turns.iter().enumerate() {
+                let next = session.apply(format, edit);
+                let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+                let got = resumed(&prefixes, format, &next, &policy, &ck);
+                assert_eq!(got, want, "{format} {mode:?} {edit:?}");
+                assert_eq!(
+                    (prefixes.hits(), prefixes.misses()),
+                    (n as u64 + 2, 1),
+                    "{format} {mode:?} {edit:?} resumes"
+                );
+            }
+        }
+    }
+}
+
+/// After a compacted turn (its splice kept for the next turn to reuse), a
+/// turn whose last item replaces that turn's forwards the new item, not
+/// what the previous splice wrote in its place, and carries the new item's
+/// values (chars, chained hash, text cut to head and tail), not the old
+/// one's: the replaced item sits at the same index, planned alike.
+#[test]
+fn a_replaced_last_item_is_forwarded_as_it_now_is_not_as_the_previous_splice_wrote_it() {
+    let turns = [
+        Edit::Append(500),
+        Edit::Last(Replace::SameLength),
+        // Past `max_message_chars`: cut to head and tail.
+        Edit::Last(Replace::Result(6000)),
+        Edit::Last(Replace::Result(7000)),
+        Edit::Last(Replace::SameLength),
+    ];
+    for format in Format::ALL {
+        for (mode, agent) in [Mode::Stable, Mode::Exact]
+            .into_iter()
+            .flat_map(|m| [(m, false), (m, true)])
+        {
+            let policy = match agent {
+                true => agent_policy(mode),
+                false => policy(mode),
+            };
+            let prefixes = PrefixCache::new(64 << 20);
+            let ck = CheckpointStore::new(1 << 20);
+            let mut session = Session::new(format, "t");
+            let mut forwarded = (Vec::new(), Vec::new());
+            for edit in [
+                Edit::Append(500),
+                Edit::Last(Replace::Question(300)),
+                Edit::Append(500),
+            ] {
+                let body = session.apply(format, &edit);
+                forwarded = (
+                    resumed(&prefixes, format, &body, &policy, &ck).unwrap().1,
+                    body,
+                );
+            }
+            assert_ne!(forwarded.0, forwarded.1, "{format} {mode:?}: compacted");
+            for edit in &turns {
+                let next = session.apply(format, edit);
+                let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+                let hits = prefixes.hits();
+                let got = resumed(&prefixes, format, &next, &policy, &ck);
+                assert_eq!(got, want, "{format} {mode:?} agent {agent} {edit:?}");
+                assert_eq!(
+                    prefixes.hits(),
+                    hits + 1,
+                    "{format} {mode:?} agent {agent} {edit:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Responses reasoning joins the group of the item after it: a snapshot
+/// whose last item took reasoning read before it holds that reasoning as
+/// grouped, not as the loop had it before the last item. A body that
+/// replaces that item (here with more reasoning, which joins nothing) is
+/// parsed whole.
+#[test]
+fn a_replaced_item_that_reasoning_waited_for_is_parsed_whole() {
+    let format = Format::Responses;
+    let policy = policy(Mode::Stable);
+    let prefixes = PrefixCache::new(64 << 20);
+    let ck = CheckpointStore::new(1 << 20);
+    let mut session = Session::new(format, "t");
+    for edit in [Edit::Append(500), Edit::Append(500)] {
+        let body = session.apply(format, &edit);
+        resumed(&prefixes, format, &body, &policy, &ck).unwrap();
+    }
+    let reasoning = |id: &str| json!({"type": "reasoning", "id": id, "summary": []});
+    session.items.push(reasoning("r1"));
+    session
+        .items
+        .push(message(format, "assistant", "done".into()));
+    let answered = body(format, &session.items, "m-1", true);
+    resumed(&prefixes, format, &answered, &policy, &ck).unwrap();
+    let hits = prefixes.hits();
+    *session.items.last_mut().unwrap() = reasoning("r2");
+    let next = body(format, &session.items, "m-1", true);
+    let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+    assert_eq!(resumed(&prefixes, format, &next, &policy, &ck), want);
+    assert_eq!(prefixes.hits(), hits, "not resumed");
+}
+
+/// With every body filed under one slot (a forced collision), a turn
+/// that replaces its last item resumes from its own conversation's
+/// snapshot only: another conversation's, whose items but the last
+/// differ, is never cut back and used.
+#[test]
+fn a_replaced_last_item_resumes_only_from_its_own_conversation_when_slots_collide() {
+    for format in Format::ALL {
+        let policy = policy(Mode::Stable);
+        let prefixes = PrefixCache::colliding(64 << 20);
+        let ck = CheckpointStore::new(1 << 20);
+        let mut sessions = [
+            Session::new(format, "task one"),
+            Session::new(format, "task two"),
+        ];
+        for session in &mut sessions {
+            for edit in [Edit::Append(500), Edit::Append(700)] {
+                let body = session.apply(format, &edit);
+                resumed(&prefixes, format, &body, &policy, &ck).unwrap();
+            }
+        }
+        let hits = prefixes.hits();
+        for (s, edit) in [
+            (0, Edit::Last(Replace::Question(300))),
+            (1, Edit::Last(Replace::SameLength)),
+            (0, Edit::Last(Replace::Answer(300))),
+            (1, Edit::Last(Replace::Result(900))),
+        ] {
+            let next = sessions[s].apply(format, &edit);
+            let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+            assert_eq!(resumed(&prefixes, format, &next, &policy, &ck), want);
+        }
+        assert_eq!(prefixes.hits(), hits + 4, "{format}");
     }
 }
 

@@ -169,7 +169,15 @@ fn read_messages<'a>(
     // (hashed: a message may hold thousands of calls, and each result
     // looks its id up)
     let mut open_calls: HashMap<String, u32> = start.state.open_calls;
+    let count = first + items.len();
+    let mut before_last = None;
     for (i, raw) in (first..).zip(items) {
+        if i + 1 == count {
+            before_last = Some(Box::new(ReadState {
+                open_calls: open_calls.clone(),
+                ..ReadState::default()
+            }));
+        }
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -341,6 +349,7 @@ fn read_messages<'a>(
     conversation.read_from_latest_compaction();
     let state = ReadState {
         open_calls,
+        before_last,
         ..ReadState::default()
     };
     let parsed = Parsed {

@@ -149,7 +149,16 @@ fn read_messages<'a>(
     // message looks its id up)
     let mut open_calls: HashMap<String, u32> = start.state.open_calls;
     let mut function_group: Option<u32> = start.state.function_group;
+    let count = first + items.len();
+    let mut before_last = None;
     for (i, raw) in (first..).zip(items) {
+        if i + 1 == count {
+            before_last = Some(Box::new(ReadState {
+                open_calls: open_calls.clone(),
+                function_group,
+                ..ReadState::default()
+            }));
+        }
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -233,6 +242,7 @@ fn read_messages<'a>(
     let state = ReadState {
         open_calls,
         function_group,
+        before_last,
         ..ReadState::default()
     };
     let parsed = Parsed {

@@ -200,8 +200,17 @@ fn read_items<'a>(
     let mut turn_group: Option<u32> = start.state.turn_group;
     // Reasoning items waiting for the item they belong with.
     let mut reasoning: Vec<usize> = start.state.reasoning;
+    let mut before_last = None;
     for (i, raw) in (first..).zip(items) {
         let last = i + 1 == count;
+        if last {
+            before_last = Some(Box::new(ReadState {
+                open_calls: open_calls.clone(),
+                turn_group,
+                reasoning: reasoning.clone(),
+                ..ReadState::default()
+            }));
+        }
         if !raw.starts_with('{') {
             return Err(Skip::UnsupportedMessage(i, "not an object"));
         }
@@ -327,6 +336,7 @@ fn read_items<'a>(
         open_calls,
         turn_group,
         reasoning,
+        before_last,
         ..ReadState::default()
     };
     let parsed = Parsed {

@@ -1,6 +1,8 @@
 //! Resuming a parse (issue 29): an agent resends its whole history every
 //! turn, so a turn's body is usually the previous one's with new items
-//! appended to the compacted array. A [`Snapshot`] of a parse holds what
+//! appended to the compacted array, or with its last item replaced (a new
+//! question on the same history: the snapshot is cut back to before its
+//! last item, [`Snapshot::before_last`]). A [`Snapshot`] of a parse holds what
 //! the format's read loop had made of the body's items (the neutral items,
 //! their spans, the loop's state: open tool calls, a model turn's group),
 //! with the bytes it read them from. [`Format::parse_after`] reads a body
@@ -185,6 +187,16 @@ impl Carried {
 }
 
 impl CarriedState {
+    /// What is carried for the first `kept` items alone. The previous
+    /// splice goes: its plan names items by index, not by their bytes, so
+    /// a replaced item planned alike would be forwarded as it was.
+    fn cut_to(&mut self, kept: usize) {
+        self.chars.truncate(kept);
+        self.chain.truncate(kept);
+        self.cuts.retain(|&(index, _), _| (index as usize) < kept);
+        self.spliced = None;
+    }
+
     fn weight(&self) -> usize {
         PerItem::weight(&self.chars)
             + PerItem::weight(&self.chain)
@@ -294,6 +306,11 @@ pub(crate) struct ReadState {
     pub turn_group: Option<u32>,
     /// Responses: reasoning items waiting for the item they go with.
     pub reasoning: Vec<usize>,
+    /// At a loop's end: its state before the last item it read (`None`
+    /// when it read none), for a body that replaces that item. The loop's
+    /// state cannot be wound back from its end (an assistant message with
+    /// calls forgets the calls before it), so it is kept as it was.
+    pub before_last: Option<Box<ReadState>>,
 }
 
 /// Where a read loop starts: the items read so far and the loop's state.
@@ -432,7 +449,34 @@ pub struct Snapshot {
     items: Vec<Item>,
     wire: Vec<OwnedWire>,
     state: ReadState,
+    /// The loop's state before the last item, when a body that replaces
+    /// that item may resume there (see [`Continuation::ReplacesLast`]).
+    before_last: Option<ReadState>,
     carried: CarriedState,
+}
+
+/// How a body goes on from a snapshot ([`Snapshot::continuation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// New items appended: it resumes after the snapshot's last item.
+    Extends,
+    /// The last item replaced (a new question on the same history): it
+    /// resumes before it, from [`Snapshot::before_last`].
+    ReplacesLast,
+}
+
+/// How many leading bytes `a` and `b` share: compared a block at a time
+/// (at memcmp's speed), then in smaller blocks within the first block
+/// that differs.
+fn shared_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    for block in [4096, 64, 1] {
+        while at + block <= n && a[at..at + block] == b[at..at + block] {
+            at += block;
+        }
+    }
+    at
 }
 
 /// Bodies shorter than this are parsed whole and never snapshotted: the
@@ -447,7 +491,7 @@ impl Snapshot {
     /// word, checked in debug builds), shared with another store.
     pub(crate) fn of(
         parsed: Parsed<'_>,
-        state: ReadState,
+        mut state: ReadState,
         body: Option<&Bytes>,
     ) -> Option<Snapshot> {
         let items = &parsed.conversation.items;
@@ -455,6 +499,14 @@ impl Snapshot {
         if items.iter().any(|m| m.provider_compaction) || !state.reasoning.is_empty() {
             return None;
         }
+        // Responses reasoning waiting before the last item took its group
+        // from that item: the items before it are not what the loop left
+        // there.
+        let before_last = state
+            .before_last
+            .take()
+            .map(|b| *b)
+            .filter(|b| b.reasoning.is_empty() && parsed.wire.len() >= 2);
         let end = last.span.end;
         debug_assert!(body.map_or(true, |b| b.as_ref() == parsed.body.as_bytes()));
         let prefix = match body.filter(|b| b.len() == parsed.body.len()) {
@@ -474,6 +526,7 @@ impl Snapshot {
                 .collect(),
             items: parsed.conversation.items,
             state,
+            before_last,
         })
     }
 
@@ -489,6 +542,46 @@ impl Snapshot {
     /// Whether `body` begins with this snapshot's bytes and goes on.
     pub fn continues(&self, body: &[u8]) -> bool {
         body.len() > self.prefix.len() && body[..self.prefix.len()] == self.prefix[..]
+    }
+
+    /// Where the item before the last ends, when the loop's state there
+    /// is known.
+    fn before_last_end(&self) -> Option<usize> {
+        self.before_last.as_ref()?;
+        let before = self.wire.len().checked_sub(2)?;
+        Some(self.wire[before].span.end)
+    }
+
+    /// How `body` goes on from this snapshot's bytes, if it does: it
+    /// begins with all of them ([`Continuation::Extends`]), or with those
+    /// up to the end of the item before the last
+    /// ([`Continuation::ReplacesLast`]), and goes on. One pass over the
+    /// bytes they share answers both (a replaced last item differs only
+    /// near the end: two compares read the body twice).
+    pub fn continuation(&self, body: &[u8]) -> Option<Continuation> {
+        let shared = shared_prefix_len(body, &self.prefix);
+        if shared == self.prefix.len() && body.len() > shared {
+            return Some(Continuation::Extends);
+        }
+        let end = self.before_last_end()?;
+        (shared >= end && body.len() > end).then_some(Continuation::ReplacesLast)
+    }
+
+    /// The snapshot as it was before its last item (which a body that
+    /// [`Continuation::ReplacesLast`] replaces): the last item, its
+    /// carried values and the previous splice (which holds that item's
+    /// bytes) cut off, the loop's state the one before it. `None` when
+    /// that state is not known.
+    pub(crate) fn before_last(mut self) -> Option<Snapshot> {
+        let end = self.before_last_end()?;
+        let state = self.before_last.take()?;
+        let kept = self.wire.len() - 1;
+        self.prefix = self.prefix.slice(..end);
+        self.items.truncate(kept);
+        self.wire.truncate(kept);
+        self.state = state;
+        self.carried.cut_to(kept);
+        Some(self)
     }
 
     /// Approximate bytes held, for the cache's weigher: the prefix, every
@@ -579,7 +672,13 @@ impl Format {
             start,
             at: Some(from),
         };
-        let (mut parsed, state) = self.parse_split(text, max_items, resume)?;
+        let read_before = resume.start.wire.len();
+        let (mut parsed, mut state) = self.parse_split(text, max_items, resume)?;
+        if parsed.wire.len() == read_before {
+            // No item read (the same items again: a retry): the state
+            // before the last item is still the snapshot's.
+            state.before_last = snapshot.before_last.map(Box::new);
+        }
         parsed.carried = Carried::of(snapshot.carried);
         Some((parsed, state))
     }
@@ -614,4 +713,28 @@ fn utf8_after(body: &[u8], known: usize) -> Option<&str> {
     // an ASCII byte, so it ends on a char boundary; `body[known..]` was
     // just checked. Two valid UTF-8 sequences joined are valid UTF-8.
     Some(unsafe { std::str::from_utf8_unchecked(body) })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The blockwise count is the bytewise one, wherever the bytes
+        /// differ (within a block, at a block's edge, past either end).
+        #[test]
+        fn shared_prefix_len_counts_the_bytes_two_slices_begin_with(
+            len in 0usize..10_000,
+            other_len in 0usize..10_000,
+            differ_at in proptest::option::of(0usize..10_000),
+        ) {
+            let a: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut b: Vec<u8> = (0..other_len).map(|i| (i % 251) as u8).collect();
+            if let Some(at) = differ_at.filter(|&at| at < b.len()) {
+                b[at] ^= 0x55;
+            }
+            let bytewise = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            prop_assert_eq!(super::shared_prefix_len(&a, &b), bytewise);
+        }
+    }
 }

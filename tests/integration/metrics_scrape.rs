@@ -957,3 +957,44 @@ async fn the_prefix_cache_counts_its_hits_and_misses_with_the_shipped_defaults()
     }
     assert_eq!(counts(&scrape(&proxy).await.1), (Some(1.0), Some(1.0)));
 }
+
+/// With the shipped defaults, a turn that replaces the previous turn's
+/// last user message (a new question on the same history) resumes the
+/// previous turn's parse from before that message (a hit), and forwards
+/// what a fresh proxy, which parses it whole, forwards: the new question,
+/// not the bytes the previous turn's splice wrote in its place.
+#[tokio::test]
+async fn a_replaced_last_question_resumes_and_forwards_what_a_fresh_proxy_forwards() {
+    let upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let proxy = TestProxy::start("", &upstream.url()).await;
+    let hits = |exp: &Exposition| exp.get("compaction_proxy_prefix_cache_hits_total", &[]);
+    // Past the default budget of 200,000 chars: compacted, and the splice
+    // kept for the next turn.
+    let mut messages = vec![json!({"role": "system", "content": "Be brief."})];
+    for turn in 0..12 {
+        messages.push(json!({"role": "user", "content": words(&format!("ask{turn}-"), 3000)}));
+        messages.push(json!({"role": "assistant", "content": words(&format!("say{turn}-"), 1000)}));
+    }
+    let turn = |question: &str| {
+        let mut messages = messages.clone();
+        messages.push(json!({"role": "user", "content": question}));
+        json!({"model": "m", "messages": messages}).to_string()
+    };
+    let first = turn("What is the first step?");
+    let answer = send(request(&proxy.url(ROUTE), None, first.clone())).await;
+    assert_eq!(answer.header("x-compaction-status"), Some("compacted"));
+    assert_eq!(hits(&scrape(&proxy).await.1), Some(0.0));
+    // The same length as the first question, one word changed.
+    let second = turn("What is the other step?");
+    let answer = send(request(&proxy.url(ROUTE), None, second.clone())).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(hits(&scrape(&proxy).await.1), Some(1.0), "resumed");
+    let forwarded = upstream.last().body;
+    assert!(String::from_utf8_lossy(&forwarded).contains("the other step"));
+
+    let fresh_upstream = MockUpstream::start(Behavior::Json(200, json!({"ok": true}))).await;
+    let fresh = TestProxy::start("", &fresh_upstream.url()).await;
+    send(request(&fresh.url(ROUTE), None, second)).await;
+    assert_eq!(hits(&scrape(&fresh).await.1), Some(0.0));
+    assert_eq!(forwarded, fresh_upstream.last().body);
+}
