@@ -30,7 +30,9 @@ pub fn subjects(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Str
     }
     // Each call id's first call; its text ("name arguments") is written
     // into each result's subject, not formatted once per call.
-    let mut calls: IdMap<&crate::format::ToolCall> = IdMap::default();
+    let count = items.iter().map(|item| item.tool_calls.len()).sum();
+    let mut calls: IdMap<&crate::format::ToolCall> =
+        IdMap::with_capacity_and_hasher(count, RandomState::default());
     for item in items {
         for call in &item.tool_calls {
             calls.entry(call.id.as_str()).or_insert(call);
@@ -43,6 +45,18 @@ pub fn subjects(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Str
             let mut subject = String::new();
             for id in item.answers.iter().chain(&item.piece_answers) {
                 if let Some(call) = calls.get(id.as_str()) {
+                    // Nearly every result answers one call: its subject is
+                    // that call's, written straight in. Searching an empty
+                    // subject would still cost a pass over the arguments
+                    // (the substring search's setup).
+                    if subject.is_empty() {
+                        subject.reserve_exact(call.name.len() + call.arguments.len() + 2);
+                        subject.push_str(&call.name);
+                        subject.push(' ');
+                        subject.push_str(&call.arguments);
+                        subject.push('\n');
+                        continue;
+                    }
                     text.clear();
                     text.push_str(&call.name);
                     text.push(' ');
