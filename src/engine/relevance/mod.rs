@@ -269,15 +269,20 @@ pub fn analyze_counted(
     let mut subject_tf = vec![0u32; subjects.len() * terms];
     let mut subject_length = vec![0u32; subjects.len()];
     if analyses.is_some() {
-        // A warm turn: a subject's analysis is cached as a text's (the
-        // same function of the same text), so an old call's arguments
-        // cost a lookup, not a scan.
-        for (k, &i) in subjects.iter().enumerate() {
-            let counts = &mut subject_tf[k * terms..(k + 1) * terms];
-            let analysis = analysis::cached(&messages[i].subject, cache);
-            subject_length[k] = analysis.length;
-            query.count_in(&analysis, counts);
-        }
+        // A warm turn: the subjects in order are a history of texts like
+        // the messages (an analysis is the same function of any text), so
+        // the previous turn's are found with one lookup and only the new
+        // calls' arguments are read.
+        let texts: Vec<&str> = subjects
+            .iter()
+            .map(|&i| messages[i].subject.as_str())
+            .collect();
+        HistoryLookup::new(&texts, None, cache)
+            .analyses(&texts, cache)
+            .for_each(|k, analysis| {
+                subject_length[k] = analysis.length;
+                query.count_in(analysis, &mut subject_tf[k * terms..(k + 1) * terms]);
+            });
     } else if !subjects.is_empty() {
         let mut counter = QueryCounter::new(&query);
         for (k, &i) in subjects.iter().enumerate() {

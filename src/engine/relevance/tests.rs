@@ -620,3 +620,30 @@ fn a_rescore_after_texts_changed_counts_only_the_changed_ones() {
     assert_eq!(aliased, analyze(&turn, None));
     assert!(aliased.query_terms.iter().any(|t| t == "halden"));
 }
+
+/// A warm turn finds the previous turn's subjects (calls' names and
+/// arguments) as one history, not with a lookup per result.
+#[test]
+fn a_warm_turn_finds_the_earlier_subjects_with_one_lookup() {
+    let store = CountingStore {
+        store: crate::analysis_store::AnalysisStore::new(1 << 20),
+        gets: Default::default(),
+    };
+    let result = |n: usize| {
+        let mut m = Message::new(Role::Tool, format!("rows: {n}"));
+        m.subject = format!("read_file {{\"path\": \"depot-{n}.csv\"}}\n");
+        m
+    };
+    let mut turn = vec![Message::new(Role::User, "Read the depot files.")];
+    turn.extend((0..30).map(result));
+    turn.push(Message::new(Role::User, "How many rows has depot-7.csv?"));
+    analyze_cached(&turn, None, &store);
+    turn.push(Message::new(Role::Assistant, "12 rows."));
+    turn.push(result(30));
+    turn.push(Message::new(Role::User, "And depot-30.csv?"));
+    store.gets.set(0);
+    assert_eq!(analyze_cached(&turn, None, &store), analyze(&turn, None));
+    // Probes for the earlier history and subjects, the new texts: not 31
+    // subjects one by one.
+    assert!(store.gets.get() <= 12, "{} lookups", store.gets.get());
+}
