@@ -81,18 +81,24 @@ pub fn protect_relevant(
 }
 
 /// [`protect_relevant`], giving back the messages' keys when it hashed
-/// them (for the engine's lookups).
+/// them (for the engine's lookups) and what it counted of them (for the
+/// engine's scoring of the texts the passes leave).
 fn protect_relevant_keyed(
     conversation: &Conversation,
     messages: &[Message],
     policy: &CompiledPolicy,
     protected: &mut [bool],
-) -> Option<(engine::relevance::Relevance, Option<Vec<u128>>)> {
+) -> Option<(engine::relevance::Relevance, engine::Known)> {
     let engine::ScoringMethod::Relevance(knobs) = &policy.engine.scoring else {
         return None;
     };
-    let (found, keys) =
-        engine::relevance::analyze_keyed(messages, knobs.goal.as_deref(), &*policy.analyses, None);
+    let (found, keys, counted) = engine::relevance::analyze_counted(
+        messages,
+        knobs.goal.as_deref(),
+        &*policy.analyses,
+        None,
+        None,
+    );
     let relevant: Vec<bool> = found
         .relevance
         .iter()
@@ -100,7 +106,12 @@ fn protect_relevant_keyed(
         .map(|(i, &r)| Some(i) != found.query_index && r > 0.0 && r >= knobs.pin_relevant_above)
         .collect();
     relevant::protect_units(conversation, &relevant, protected);
-    Some((found, keys))
+    let known = engine::Known {
+        relevance: None,
+        keys,
+        counted,
+    };
+    Some((found, known))
 }
 
 /// The engine's view of the items under `policy`'s pin rules, their texts
@@ -468,10 +479,14 @@ pub fn run_passes_decided(
     let mut messages = engine_messages(conversation, policy);
     let mut protected = protected_items(conversation, policy);
     let mut found = None;
-    let mut keys = None;
+    let mut known = engine::Known::default();
     if policy.agent.any_pass() && conversation.total_chars() > policy.engine.budget_chars {
-        (found, keys) = protect_relevant_keyed(conversation, &messages, policy, &mut protected)
-            .map_or((None, None), |(found, keys)| (Some(found), keys));
+        if let Some((relevance, counted)) =
+            protect_relevant_keyed(conversation, &messages, policy, &mut protected)
+        {
+            found = Some(relevance);
+            known = counted;
+        }
     }
     let decided = decided.filter(|d| d.dropped.len() == conversation.items.len());
     let with_decisions;
@@ -541,17 +556,17 @@ pub fn run_passes_decided(
         }
         if changed {
             texts_changed = true;
-            if let Some(keys) = &mut keys {
+            if let Some(keys) = &mut known.keys {
                 keys[i] = engine::relevance::message_key(&m.content);
             }
         }
     }
     // What the passes' relevance found holds for the engine's messages
     // when no text changed (a chat without tools: most bodies).
-    let known = engine::Known {
-        relevance: found.filter(|_| !texts_changed),
-        keys,
-    };
+    known.relevance = found.filter(|_| !texts_changed);
+    if known.relevance.is_some() {
+        known.counted = None;
+    }
     let report = engine::compact_scored(
         &messages,
         &item_policy(edited, policy),

@@ -30,7 +30,9 @@ pub fn subjects(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Str
     }
     // Each call id's first call; its text ("name arguments") is written
     // into each result's subject, not formatted once per call.
-    let mut calls: IdMap<&crate::format::ToolCall> = IdMap::default();
+    let count = items.iter().map(|item| item.tool_calls.len()).sum();
+    let mut calls: IdMap<&crate::format::ToolCall> =
+        IdMap::with_capacity_and_hasher(count, RandomState::default());
     for item in items {
         for call in &item.tool_calls {
             calls.entry(call.id.as_str()).or_insert(call);
@@ -43,6 +45,18 @@ pub fn subjects(conversation: &Conversation, policy: &CompiledPolicy) -> Vec<Str
             let mut subject = String::new();
             for id in item.answers.iter().chain(&item.piece_answers) {
                 if let Some(call) = calls.get(id.as_str()) {
+                    // Nearly every result answers one call: its subject is
+                    // that call's, written straight in. Searching an empty
+                    // subject would still cost a pass over the arguments
+                    // (the substring search's setup).
+                    if subject.is_empty() {
+                        subject.reserve_exact(call.name.len() + call.arguments.len() + 2);
+                        subject.push_str(&call.name);
+                        subject.push(' ');
+                        subject.push_str(&call.arguments);
+                        subject.push('\n');
+                        continue;
+                    }
                     text.clear();
                     text.push_str(&call.name);
                     text.push(' ');
@@ -66,33 +80,26 @@ pub fn protect_units(conversation: &Conversation, relevant: &[bool], protected: 
     if !relevant.iter().any(|&r| r) {
         return;
     }
-    // Each call id's items: the caller, then its results.
-    let mut units: IdMap<Vec<usize>> = IdMap::default();
-    for (i, item) in items.iter().enumerate() {
-        for call in &item.tool_calls {
-            units.entry(call.id.as_str()).or_default().push(i);
-        }
-        for id in item.answers.iter().chain(&item.piece_answers) {
-            units.entry(id.as_str()).or_default().push(i);
-        }
+    // The ids of the calls the relevant items make or answer (few): an
+    // item is in a relevant unit when it makes or answers one of them.
+    let mut ids: std::collections::HashSet<&str, RandomState> = Default::default();
+    for (item, _) in items.iter().zip(relevant).filter(|(_, &r)| r) {
+        ids.extend(call_ids(item));
     }
     for (i, item) in items.iter().enumerate() {
-        if !relevant[i] {
-            continue;
-        }
-        protected[i] = true;
-        let ids = item
-            .tool_calls
-            .iter()
-            .map(|c| c.id.as_str())
-            .chain(item.answers.iter().map(String::as_str))
-            .chain(item.piece_answers.iter().map(String::as_str));
-        for id in ids {
-            for &k in units.get(id).into_iter().flatten() {
-                protected[k] = true;
-            }
+        if relevant[i] || (!ids.is_empty() && call_ids(item).any(|id| ids.contains(id))) {
+            protected[i] = true;
         }
     }
+}
+
+/// The ids of the calls `item` makes or answers.
+fn call_ids(item: &crate::format::Item) -> impl Iterator<Item = &str> {
+    item.tool_calls
+        .iter()
+        .map(|c| c.id.as_str())
+        .chain(item.answers.iter().map(String::as_str))
+        .chain(item.piece_answers.iter().map(String::as_str))
 }
 
 /// Re-cuts each result the prune pass cut to head and tail that relevance

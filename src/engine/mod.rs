@@ -376,6 +376,9 @@ pub struct Known {
     pub relevance: Option<relevance::Relevance>,
     /// [`relevance::message_key`] of each message's content.
     pub keys: Option<Vec<u128>>,
+    /// What scoring counted of these messages before some of their texts
+    /// changed (those whose `keys` differ): only those are counted again.
+    pub counted: Option<relevance::Counted>,
 }
 
 /// [`compact_cached`], with what the caller `known`s of `messages` already
@@ -390,6 +393,7 @@ pub fn compact_scored(
     let Known {
         relevance: found,
         mut keys,
+        counted,
     } = known;
     debug_assert!(keys
         .as_ref()
@@ -407,8 +411,17 @@ pub fn compact_scored(
                     found
                 }
                 None => {
-                    let (found, hashed) =
-                        relevance::analyze_keyed(messages, r.goal.as_deref(), caches, keys.take());
+                    let (found, hashed, _) = relevance::analyze_counted(
+                        messages,
+                        r.goal.as_deref(),
+                        caches,
+                        keys.take(),
+                        counted.as_ref(),
+                    );
+                    debug_assert!(
+                        counted.is_none()
+                            || found == relevance::analyze(messages, r.goal.as_deref())
+                    );
                     keys = hashed;
                     found
                 }

@@ -295,9 +295,9 @@ impl HistoryLookup {
     }
 }
 
-/// The analysis of `text` from `cache`, made and added when it lacks it.
-pub(super) fn cached(text: &str, cache: &dyn AnalysisCache) -> Arc<Analysis> {
-    let key = message_key(text);
+/// The analysis of `text`, whose [`message_key`] is `key`, from `cache`,
+/// made and added when it lacks it.
+pub(super) fn cached_keyed(text: &str, key: u128, cache: &dyn AnalysisCache) -> Arc<Analysis> {
     match cache.get(key) {
         Some(CachedAnalysis::Message(found)) => found,
         _ => {

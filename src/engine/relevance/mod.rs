@@ -110,6 +110,55 @@ pub fn analyze_keyed(
     cache: &dyn AnalysisCache,
     keys: Option<Vec<u128>>,
 ) -> (Relevance, Option<Vec<u128>>) {
+    let (found, keys, _) = analyze_counted(messages, goal, cache, keys, None);
+    (found, keys)
+}
+
+/// What [`analyze_counted`] counted of each message for its query: kept by
+/// a caller that scores the same messages again after changing some of
+/// their texts (the agent passes' cuts, before the engine), so that only
+/// the changed texts are counted again.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// [`message_key`] of each message's text as counted.
+    keys: Vec<u128>,
+    query_index: Option<usize>,
+    /// The query counted: its term ids and weights, aliases linked.
+    query_ids: Vec<u64>,
+    query_weights: Vec<f64>,
+    /// The alias definitions of each message that makes any.
+    aliases: Vec<(usize, Vec<Alias>)>,
+    /// Whether the counts came from analyses (the cache held the history):
+    /// a changed text is then analysed into the cache as well.
+    analysed: bool,
+    counts: Counts,
+}
+
+/// Each message's length and query-term counts, and its subject's.
+#[derive(Debug, Clone)]
+struct Counts {
+    /// `messages × terms` counts, row by message.
+    tf: Vec<u32>,
+    length: Vec<u32>,
+    /// The messages with a subject, and each one's counts and length.
+    subjects: Vec<usize>,
+    subject_tf: Vec<u32>,
+    subject_length: Vec<u32>,
+}
+
+/// [`analyze_keyed`], also giving back what it counted ([`Counted`], when
+/// the query has terms). `prior`, when given with `keys`, is what an
+/// earlier call counted of these messages (the same roles and subjects)
+/// when only the texts whose keys differ have changed since: only those
+/// are counted again, unless the query changed too (an alias defined or
+/// lost), which counts everything anew. The same result either way.
+pub fn analyze_counted(
+    messages: &[Message],
+    goal: Option<&str>,
+    cache: &dyn AnalysisCache,
+    keys: Option<Vec<u128>>,
+    prior: Option<&Counted>,
+) -> (Relevance, Option<Vec<u128>>, Option<Counted>) {
     let query_index = messages.iter().rposition(|m| m.role == Role::User);
     let mut query = Query::default();
     // The turns the request refers back to: part of the question.
@@ -120,6 +169,14 @@ pub fn analyze_keyed(
     }
     if let Some(goal) = goal {
         for_each_term(goal, |term, kind| query.add(term, kind));
+    }
+    if let (Some(prior), Some(keys), false) = (prior, &keys, query.terms.is_empty()) {
+        if let Some((query, counted)) =
+            recount(messages, query_index, query.clone(), prior, keys, cache)
+        {
+            let found = score(messages, query_index, query, &followed, &counted.counts);
+            return (found, Some(counted.keys.clone()), Some(counted));
+        }
     }
     let mut relevance = vec![0.0; messages.len()];
 
@@ -150,19 +207,25 @@ pub fn analyze_keyed(
         _ => None,
     };
     // Aliases link the query's names to their other names.
+    let mut aliases: Vec<(usize, Vec<Alias>)> = Vec::new();
     if !query.terms.is_empty() {
-        let mut aliases = Vec::new();
         match &analyses {
-            Some(analyses) => {
-                analyses.for_each(|_, a| aliases.extend(a.aliases.iter().cloned()));
-            }
+            Some(analyses) => analyses.for_each(|i, a| {
+                if !a.aliases.is_empty() {
+                    aliases.push((i, a.aliases.clone()));
+                }
+            }),
             None => {
-                for text in &texts {
-                    context::find_aliases(text, &mut aliases);
+                for (i, text) in texts.iter().enumerate() {
+                    let mut found = Vec::new();
+                    context::find_aliases(text, &mut found);
+                    if !found.is_empty() {
+                        aliases.push((i, found));
+                    }
                 }
             }
         }
-        context::link_aliases(&aliases, &mut query);
+        link_aliases(&aliases, &mut query);
     }
     if query.terms.is_empty() {
         if let Some(q) = query_index {
@@ -174,7 +237,7 @@ pub fn analyze_keyed(
             relevance,
             query: QueryTerms::default(),
         };
-        return (found, keys);
+        return (found, keys, None);
     }
 
     // Each document's length and query-term counts, from its analysis.
@@ -206,15 +269,20 @@ pub fn analyze_keyed(
     let mut subject_tf = vec![0u32; subjects.len() * terms];
     let mut subject_length = vec![0u32; subjects.len()];
     if analyses.is_some() {
-        // A warm turn: a subject's analysis is cached as a text's (the
-        // same function of the same text), so an old call's arguments
-        // cost a lookup, not a scan.
-        for (k, &i) in subjects.iter().enumerate() {
-            let counts = &mut subject_tf[k * terms..(k + 1) * terms];
-            let analysis = analysis::cached(&messages[i].subject, cache);
-            subject_length[k] = analysis.length;
-            query.count_in(&analysis, counts);
-        }
+        // A warm turn: the subjects in order are a history of texts like
+        // the messages (an analysis is the same function of any text), so
+        // the previous turn's are found with one lookup and only the new
+        // calls' arguments are read.
+        let texts: Vec<&str> = subjects
+            .iter()
+            .map(|&i| messages[i].subject.as_str())
+            .collect();
+        HistoryLookup::new(&texts, None, cache)
+            .analyses(&texts, cache)
+            .for_each(|k, analysis| {
+                subject_length[k] = analysis.length;
+                query.count_in(analysis, &mut subject_tf[k * terms..(k + 1) * terms]);
+            });
     } else if !subjects.is_empty() {
         let mut counter = QueryCounter::new(&query);
         for (k, &i) in subjects.iter().enumerate() {
@@ -222,6 +290,137 @@ pub fn analyze_keyed(
             subject_length[k] = counter.count(&messages[i].subject, counts);
         }
     }
+    let counts = Counts {
+        tf,
+        length,
+        subjects,
+        subject_tf,
+        subject_length,
+    };
+    // Without keys (no cache) there is nothing to tell changed texts by.
+    let counted = keys.as_ref().map(|keys| Counted {
+        keys: keys.clone(),
+        query_index,
+        query_ids: query.ids.clone(),
+        query_weights: query.weights.clone(),
+        aliases,
+        analysed: analyses.is_some(),
+        counts: counts.clone(),
+    });
+    let found = score(messages, query_index, query, &followed, &counts);
+    (found, keys, counted)
+}
+
+/// Adds to `query` the other names of the aliases (each message's, in
+/// message order) whose one name it holds.
+fn link_aliases(aliases: &[(usize, Vec<Alias>)], query: &mut Query) {
+    let all: Vec<Alias> = aliases
+        .iter()
+        .flat_map(|(_, a)| a.iter().cloned())
+        .collect();
+    context::link_aliases(&all, query);
+}
+
+/// `prior`'s counts brought up to `messages`, whose texts differ from
+/// those `prior` counted where `keys` differ from its keys: the changed
+/// texts counted again, for `query` (aliases not yet linked). `None` when
+/// `prior` is of other messages, or the changed texts change the query.
+fn recount(
+    messages: &[Message],
+    query_index: Option<usize>,
+    mut query: Query,
+    prior: &Counted,
+    keys: &[u128],
+    cache: &dyn AnalysisCache,
+) -> Option<(Query, Counted)> {
+    if prior.keys.len() != messages.len()
+        || keys.len() != messages.len()
+        || prior.query_index != query_index
+    {
+        return None;
+    }
+    let changed: Vec<usize> = (0..messages.len())
+        .filter(|&i| keys[i] != prior.keys[i])
+        .collect();
+    let analysed = prior.analysed && cache.enabled();
+    let fresh: Vec<Option<std::sync::Arc<Analysis>>> = changed
+        .iter()
+        .map(|&i| analysed.then(|| analysis::cached_keyed(&messages[i].content, keys[i], cache)))
+        .collect();
+    // The aliases of the unchanged texts, then of the changed, in message
+    // order.
+    let mut aliases: Vec<(usize, Vec<Alias>)> = prior
+        .aliases
+        .iter()
+        .filter(|(i, _)| changed.binary_search(i).is_err())
+        .cloned()
+        .collect();
+    for (&i, analysis) in changed.iter().zip(&fresh) {
+        let mut found = Vec::new();
+        match analysis {
+            Some(a) => found.extend(a.aliases.iter().cloned()),
+            None => context::find_aliases(&messages[i].content, &mut found),
+        }
+        if !found.is_empty() {
+            aliases.push((i, found));
+        }
+    }
+    aliases.sort_by_key(|(i, _)| *i);
+    link_aliases(&aliases, &mut query);
+    if query.ids != prior.query_ids || query.weights != prior.query_weights {
+        return None;
+    }
+    let terms = query.terms.len();
+    let mut counts = prior.counts.clone();
+    let mut counter = None;
+    for (&i, analysis) in changed.iter().zip(&fresh) {
+        if Some(i) == query_index {
+            continue;
+        }
+        let row = &mut counts.tf[i * terms..(i + 1) * terms];
+        row.fill(0);
+        counts.length[i] = match analysis {
+            Some(a) => {
+                query.count_in(a, row);
+                a.length
+            }
+            None => counter
+                .get_or_insert_with(|| QueryCounter::new(&query))
+                .count(&messages[i].content, row),
+        };
+    }
+    drop(counter);
+    let counted = Counted {
+        keys: keys.to_vec(),
+        query_index,
+        query_ids: prior.query_ids.clone(),
+        query_weights: prior.query_weights.clone(),
+        aliases,
+        analysed: prior.analysed,
+        counts,
+    };
+    Some((query, counted))
+}
+
+/// BM25 of each message from its `counts` for `query`, normalised, with
+/// the latest of several values preferred and the request and the turns
+/// it `followed` at 1.
+fn score(
+    messages: &[Message],
+    query_index: Option<usize>,
+    query: Query,
+    followed: &[usize],
+    counts: &Counts,
+) -> Relevance {
+    let Counts {
+        tf,
+        length,
+        subjects,
+        subject_tf,
+        subject_length,
+    } = counts;
+    let terms = query.terms.len();
+    let mut relevance = vec![0.0; messages.len()];
     let subject_of: FxHashMap<usize, usize> =
         subjects.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     let mut df = vec![0u32; terms];
@@ -300,11 +499,10 @@ pub fn analyze_keyed(
     let ids = query.ids.clone();
     let mut query_terms: Vec<String> = query.terms.into_iter().map(|(t, _)| t).collect();
     query_terms.sort_unstable();
-    let found = Relevance {
+    Relevance {
         query_terms,
         query_index,
         relevance,
         query: QueryTerms { ids, weights },
-    };
-    (found, keys)
+    }
 }

@@ -164,7 +164,7 @@ fn starts_a_term_of(a: u8, b: u8, prefixes: &[u64]) -> bool {
 }
 
 /// The query terms, interned in first-seen order (the report sorts them).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Query {
     pub(super) terms: Vec<(String, Kind)>,
     /// [`term_id`] of each term, by position.

@@ -549,3 +549,101 @@ fn subjects_read_from_the_cache_score_as_counted_from_the_text() {
     ));
     assert_eq!(analyze_cached(&turn, None, &store), analyze(&turn, None));
 }
+
+/// A store that counts its lookups.
+struct CountingStore {
+    store: crate::analysis_store::AnalysisStore,
+    gets: std::cell::Cell<usize>,
+}
+
+impl AnalysisCache for CountingStore {
+    fn get(&self, key: u128) -> Option<CachedAnalysis> {
+        self.gets.set(self.gets.get() + 1);
+        self.store.get(key)
+    }
+    fn put(&self, key: u128, value: CachedAnalysis) {
+        self.store.put(key, value);
+    }
+}
+
+/// Scoring the same messages again after some texts changed (the agent
+/// passes' cuts, then the engine) reads only the changed texts, and
+/// scores as scoring them anew would; a change that changes the query
+/// (an alias defined) counts everything again, with the same result.
+#[test]
+fn a_rescore_after_texts_changed_counts_only_the_changed_ones() {
+    let store = CountingStore {
+        store: crate::analysis_store::AnalysisStore::new(1 << 20),
+        gets: Default::default(),
+    };
+    let with_subject = |role, text: &str, subject: &str| {
+        let mut m = Message::new(role, text);
+        m.subject = subject.to_owned();
+        m
+    };
+    let log = (0..40)
+        .map(|i| format!("line {i}: worker Halden shipped batch {i}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut turn = vec![
+        Message::new(Role::User, "Watch the Halden workers."),
+        with_subject(Role::Tool, &log, "tail_log {\"site\": \"halden\"}\n"),
+        with_subject(
+            Role::Tool,
+            "rows: 12",
+            "read_file {\"path\": \"depot.csv\"}\n",
+        ),
+        Message::new(Role::Assistant, "The northern depot shipped twelve."),
+        Message::new(Role::User, "Which batch did the northern depot ship last?"),
+    ];
+    // Warm the store with the history, as an earlier turn would.
+    analyze_cached(&turn, None, &store);
+    let (first, keys, counted) = analyze_counted(&turn, None, &store, None, None);
+    assert_eq!(first, analyze(&turn, None));
+    let counted = counted.expect("the query has terms");
+
+    // The passes cut the log: only it is read again.
+    let mut cut = turn.clone();
+    cut[1].content = "line 0: worker Halden shipped batch 0\n[… 1,200 chars omitted …]".into();
+    let mut cut_keys = keys.clone().unwrap();
+    cut_keys[1] = message_key(&cut[1].content);
+    store.gets.set(0);
+    let (again, _, _) = analyze_counted(&cut, None, &store, Some(cut_keys), Some(&counted));
+    assert_eq!(again, analyze(&cut, None));
+    assert_eq!(store.gets.get(), 1, "only the cut text is looked up");
+
+    // A changed text that defines an alias changes the query.
+    turn[3].content = "Halden, also known as the northern depot, shipped twelve.".into();
+    let mut alias_keys = keys.unwrap();
+    alias_keys[3] = message_key(&turn[3].content);
+    let (aliased, _, _) = analyze_counted(&turn, None, &store, Some(alias_keys), Some(&counted));
+    assert_eq!(aliased, analyze(&turn, None));
+    assert!(aliased.query_terms.iter().any(|t| t == "halden"));
+}
+
+/// A warm turn finds the previous turn's subjects (calls' names and
+/// arguments) as one history, not with a lookup per result.
+#[test]
+fn a_warm_turn_finds_the_earlier_subjects_with_one_lookup() {
+    let store = CountingStore {
+        store: crate::analysis_store::AnalysisStore::new(1 << 20),
+        gets: Default::default(),
+    };
+    let result = |n: usize| {
+        let mut m = Message::new(Role::Tool, format!("rows: {n}"));
+        m.subject = format!("read_file {{\"path\": \"depot-{n}.csv\"}}\n");
+        m
+    };
+    let mut turn = vec![Message::new(Role::User, "Read the depot files.")];
+    turn.extend((0..30).map(result));
+    turn.push(Message::new(Role::User, "How many rows has depot-7.csv?"));
+    analyze_cached(&turn, None, &store);
+    turn.push(Message::new(Role::Assistant, "12 rows."));
+    turn.push(result(30));
+    turn.push(Message::new(Role::User, "And depot-30.csv?"));
+    store.gets.set(0);
+    assert_eq!(analyze_cached(&turn, None, &store), analyze(&turn, None));
+    // Probes for the earlier history and subjects, the new texts: not 31
+    // subjects one by one.
+    assert!(store.gets.get() <= 12, "{} lookups", store.gets.get());
+}
