@@ -146,8 +146,9 @@ pub struct AgentEdits {
     pub texts: HashMap<usize, TextEdit>,
     /// New arguments by item, as (call position, JSON text).
     pub arguments: HashMap<usize, Vec<(usize, String)>>,
-    /// Items pruned result by result ([`Item::piece_chars`]): each piece's
-    /// new text, whose join is the item's `Pruned` text.
+    /// Items pruned result by result
+    /// ([`Item::piece_chars`](crate::format::Item::piece_chars)): each
+    /// piece's new text, whose join is the item's `Pruned` text.
     pub pieces: HashMap<usize, Vec<String>>,
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Labels are bounded: `route` is a configured route path or `unmatched`,
 //! `policy` a configured policy name, `tenant` a configured tenant or
-//! `other`, `status` one of [`Status`], `code` an HTTP status code.
+//! `other`, `status` one of [`Status`](crate::outcome::Status), `code` an HTTP status code.
 
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
