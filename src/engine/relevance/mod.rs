@@ -297,17 +297,19 @@ pub fn analyze_counted(
         subject_tf,
         subject_length,
     };
+    let analysed = analyses.is_some();
+    let (query_ids, query_weights) = (query.ids.clone(), query.weights.clone());
+    let found = score(messages, query_index, query, &followed, &counts);
     // Without keys (no cache) there is nothing to tell changed texts by.
     let counted = keys.as_ref().map(|keys| Counted {
         keys: keys.clone(),
         query_index,
-        query_ids: query.ids.clone(),
-        query_weights: query.weights.clone(),
+        query_ids,
+        query_weights,
         aliases,
-        analysed: analyses.is_some(),
-        counts: counts.clone(),
+        analysed,
+        counts,
     });
-    let found = score(messages, query_index, query, &followed, &counts);
     (found, keys, counted)
 }
 
