@@ -587,6 +587,53 @@ fn a_replaced_item_that_reasoning_waited_for_is_parsed_whole() {
     assert_eq!(prefixes.hits(), hits, "not resumed");
 }
 
+/// A Chat legacy `function` result joins the group of the `function_call`
+/// before it. Replacing that result resumes from the state before it,
+/// where the call's group is still open, so the new result joins the call
+/// as the whole parse has it; after a result has taken the group, a
+/// replaced result resumes with it still open as well.
+#[test]
+fn a_replaced_legacy_function_result_joins_the_call_before_it() {
+    let format = Format::Chat;
+    let policy = policy(Mode::Stable);
+    let prefixes = PrefixCache::new(64 << 20);
+    let ck = CheckpointStore::new(1 << 20);
+    let mut session = Session::new(format, "t");
+    for edit in [Edit::Append(500), Edit::Append(500)] {
+        let body = session.apply(format, &edit);
+        resumed(&prefixes, format, &body, &policy, &ck).unwrap();
+    }
+    let result = |text: &str| json!({"role": "function", "name": "read", "content": text});
+    session
+        .items
+        .push(json!({"role": "assistant", "content": null,
+        "function_call": {"name": "read", "arguments": "{\"p\":1}"}}));
+    session.items.push(result("first result"));
+    let answered = body(format, &session.items, "m-1", true);
+    resumed(&prefixes, format, &answered, &policy, &ck).unwrap();
+    for text in ["second result", "a third, longer result than before"] {
+        *session.items.last_mut().unwrap() = result(text);
+        let next = body(format, &session.items, "m-1", true);
+        let want = whole(format, &next, &policy, &CheckpointStore::new(0));
+        let items = format.parse(&next, 10_000).unwrap().conversation.items;
+        let [.., call, answer] = &items[..] else {
+            unreachable!()
+        };
+        assert_eq!(
+            (answer.group, call.group.is_some()),
+            (call.group, true),
+            "the result is grouped with its call"
+        );
+        let hits = prefixes.hits();
+        assert_eq!(
+            resumed(&prefixes, format, &next, &policy, &ck),
+            want,
+            "{text}"
+        );
+        assert_eq!(prefixes.hits(), hits + 1, "{text}: resumed");
+    }
+}
+
 /// With every body filed under one slot (a forced collision), a turn
 /// that replaces its last item resumes from its own conversation's
 /// snapshot only: another conversation's, whose items but the last
