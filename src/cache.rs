@@ -382,15 +382,26 @@ impl PrefixCache {
         // A body that extends a snapshot, else one that replaces its last
         // item (resumed from before that item); newest first, each
         // snapshot's bytes read once, none after one the body extends.
+        // Once one is found, only one the body extends would be chosen
+        // instead: the others are ruled out first by a few bytes where the
+        // body differs from that one (siblings differ there too), not
+        // compared whole.
         let mut chosen = None;
+        let mut differs_at = None;
         for (at, h) in held.snapshots.iter().enumerate().rev() {
-            match h.read(|s| (s.format() == format).then(|| s.continuation(body))?) {
-                Some(Continuation::Extends) => {
+            let how = h.read(|s| {
+                let worth =
+                    s.format() == format && differs_at.map_or(true, |d| s.may_extend(body, d));
+                worth.then(|| s.continuation_and_shared(body))
+            });
+            match how {
+                Some((Some(Continuation::Extends), _)) => {
                     chosen = Some((at, Continuation::Extends));
                     break;
                 }
-                Some(Continuation::ReplacesLast) if chosen.is_none() => {
+                Some((Some(Continuation::ReplacesLast), shared)) if chosen.is_none() => {
                     chosen = Some((at, Continuation::ReplacesLast));
+                    differs_at = Some(shared);
                 }
                 _ => {}
             }

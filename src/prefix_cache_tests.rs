@@ -764,3 +764,53 @@ fn a_reused_splice_moves_a_dropped_items_marker_as_the_whole_splice_does() {
         assert_eq!(resumed.splice(&plan), whole.splice(&plan));
     }
 }
+
+/// `Snapshot::may_extend` rules out a sibling (another last item on the
+/// same history) by the bytes where the body differs from another
+/// sibling, and never a snapshot the body extends, wherever it looks.
+#[test]
+fn a_sibling_is_ruled_out_where_the_body_leaves_another_and_an_extension_never_is() {
+    for format in Format::ALL {
+        let mut session = Session::new(format, "t");
+        session.apply(format, &Edit::Append(20_000));
+        let history = session.apply(format, &Edit::Append(20_000));
+        let snapshot = |body: &[u8]| {
+            let (parsed, state) = format.parse_resumable(body, 100).unwrap();
+            Snapshot::of(parsed, state.unwrap(), None).unwrap()
+        };
+        let last = |session: &Session, what: Replace| {
+            let mut sibling = Session {
+                items: session.items.clone(),
+                pending: session.pending.clone(),
+                model: session.model.clone(),
+                array_first: session.array_first,
+                turns: session.turns,
+            };
+            sibling.apply(format, &Edit::Last(what))
+        };
+        let first = snapshot(&last(&session, Replace::Question(900)));
+        let second = snapshot(&last(&session, Replace::Answer(900)));
+        let body = last(&session, Replace::SameLength);
+        let (how, shared) = first.continuation_and_shared(&body);
+        assert_eq!(how, Some(Continuation::ReplacesLast), "{format}");
+        assert_eq!(
+            second.continuation(&body),
+            Some(Continuation::ReplacesLast),
+            "{format}"
+        );
+        assert!(!second.may_extend(&body, shared), "{format}");
+        // The history itself, which the body extends: never ruled out.
+        let extended = snapshot(&history);
+        let next = session.apply(format, &Edit::Append(700));
+        assert_eq!(
+            extended.continuation(&next),
+            Some(Continuation::Extends),
+            "{format}"
+        );
+        for at in [0, 1, shared, history.len() - 1, history.len(), usize::MAX] {
+            assert!(extended.may_extend(&next, at), "{format} at {at}");
+        }
+        // Its own bytes and no more do not go on from it.
+        assert!(!extended.may_extend(extended.prefix(), 0), "{format}");
+    }
+}

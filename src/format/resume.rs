@@ -479,6 +479,9 @@ fn shared_prefix_len(a: &[u8], b: &[u8]) -> usize {
     at
 }
 
+/// The bytes [`Snapshot::may_extend`] reads at each place it looks.
+const PROBE_BYTES: usize = 64;
+
 /// Bodies shorter than this are parsed whole and never snapshotted: the
 /// parse costs less than keeping it.
 pub const MIN_SNAPSHOT_BYTES: usize = 32 * 1024;
@@ -544,6 +547,24 @@ impl Snapshot {
         body.len() > self.prefix.len() && body[..self.prefix.len()] == self.prefix[..]
     }
 
+    /// Whether `body` can begin with all of this snapshot's bytes, judged
+    /// by a few of them: those from `at` (where the body differs from a
+    /// sibling snapshot, see [`Self::continuation_and_shared`]) and the
+    /// last ones. `false` means it does not (so it cannot be
+    /// [`Continuation::Extends`]); `true` leaves [`Self::continuation`] to
+    /// say. Siblings (other questions on the same history) differ from the
+    /// body near where it differs from one of them: ruled out here on a
+    /// few bytes, not after reading the whole history they share.
+    pub fn may_extend(&self, body: &[u8], at: usize) -> bool {
+        let end = self.prefix.len();
+        if body.len() <= end {
+            return false;
+        }
+        let near = at.min(end)..(at.saturating_add(PROBE_BYTES)).min(end);
+        let last = end.saturating_sub(PROBE_BYTES)..end;
+        body[near.clone()] == self.prefix[near] && body[last.clone()] == self.prefix[last]
+    }
+
     /// Where the item before the last ends, when the loop's state there
     /// is known.
     fn before_last_end(&self) -> Option<usize> {
@@ -559,12 +580,21 @@ impl Snapshot {
     /// bytes they share answers both (a replaced last item differs only
     /// near the end: two compares read the body twice).
     pub fn continuation(&self, body: &[u8]) -> Option<Continuation> {
+        self.continuation_and_shared(body).0
+    }
+
+    /// [`Self::continuation`], and how many leading bytes `body` shares
+    /// with this snapshot's (for [`Self::may_extend`] of its siblings).
+    pub fn continuation_and_shared(&self, body: &[u8]) -> (Option<Continuation>, usize) {
         let shared = shared_prefix_len(body, &self.prefix);
         if shared == self.prefix.len() && body.len() > shared {
-            return Some(Continuation::Extends);
+            return (Some(Continuation::Extends), shared);
         }
-        let end = self.before_last_end()?;
-        (shared >= end && body.len() > end).then_some(Continuation::ReplacesLast)
+        let replaces = self
+            .before_last_end()
+            .filter(|&end| shared >= end && body.len() > end)
+            .map(|_| Continuation::ReplacesLast);
+        (replaces, shared)
     }
 
     /// The snapshot as it was before its last item (which a body that
