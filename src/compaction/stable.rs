@@ -513,6 +513,11 @@ struct Replay<'a> {
     /// The policy's caches, and the words of every text an engine run of
     /// this replay read: the next re-compaction's form holds most of them.
     caches: WithTextWords<'a, AnalysisStore>,
+    /// [`engine::relevance::message_key`] of the texts borrowed from the
+    /// conversation that earlier engine runs of this replay read, by
+    /// address and length: the conversation lives, unchanged, as long as
+    /// the replay, so an address names one text.
+    keys: std::cell::RefCell<rustc_hash::FxHashMap<(usize, usize), u128>>,
 }
 
 /// A re-compaction frees room for this many units like the recent ones.
@@ -560,6 +565,7 @@ impl<'a> Replay<'a> {
             texts: Default::default(),
             text_chars: parsed.text_chars(),
             caches: WithTextWords::new(&policy.analyses),
+            keys: Default::default(),
         }
     }
 
@@ -643,6 +649,20 @@ impl<'a> Replay<'a> {
     }
 
     /// Freezes `text` for an entry's edit; its position in the texts.
+    /// The engine's key of `text`, remembered when it is borrowed from the
+    /// conversation (an owned text is made anew each time it is asked for).
+    #[allow(clippy::ptr_arg)] // Borrowed or owned is what it asks.
+    fn key_of(&self, text: &Cow<'a, str>) -> u128 {
+        match text {
+            Cow::Borrowed(text) => *self
+                .keys
+                .borrow_mut()
+                .entry((text.as_ptr() as usize, text.len()))
+                .or_insert_with(|| engine::relevance::message_key(text)),
+            Cow::Owned(text) => engine::relevance::message_key(text),
+        }
+    }
+
     fn freeze(&self, text: String) -> u32 {
         let mut texts = self.texts.borrow_mut();
         texts.push(Arc::from(text));
@@ -989,7 +1009,14 @@ impl<'a> Replay<'a> {
             .collect();
         let mut policy = self.policy.engine.clone();
         policy.budget_chars = target;
-        let report = engine::compact_cached(&messages, &policy, &self.caches);
+        // Each text's key, hashed once per replay where it is the
+        // conversation's own text (most are, form after form).
+        let keys = messages.iter().map(|m| self.key_of(&m.content)).collect();
+        let known = engine::Known {
+            keys: Some(keys),
+            ..engine::Known::default()
+        };
+        let report = engine::compact_scored(&messages, &policy, &self.caches, known);
         report
             .messages
             .iter()
