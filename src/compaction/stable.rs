@@ -648,7 +648,6 @@ impl<'a> Replay<'a> {
         )
     }
 
-    /// Freezes `text` for an entry's edit; its position in the texts.
     /// The engine's key of `text`, remembered when it is borrowed from the
     /// conversation (an owned text is made anew each time it is asked for).
     #[allow(clippy::ptr_arg)] // Borrowed or owned is what it asks.
@@ -663,6 +662,7 @@ impl<'a> Replay<'a> {
         }
     }
 
+    /// Freezes `text` for an entry's edit; its position in the texts.
     fn freeze(&self, text: String) -> u32 {
         let mut texts = self.texts.borrow_mut();
         texts.push(Arc::from(text));
