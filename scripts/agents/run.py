@@ -25,12 +25,18 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 BIN = os.path.join(HERE, "node_modules", ".bin")
+# The source tree the agents inspect: a fixed copy of this repository's src/
+# (as of commit 3671a0e), not the live one, so a session's tool results, and
+# the bills measured on them, do not move with every commit (one file
+# growing past the script's 30 KB bound reorders every file it reads).
+TREE = os.path.join(HERE, "tree.tar.xz")
 PROMPT = ("Survey this repository: read its source files, search them and list its directories, "
           "then tell me what it does.")
 
@@ -361,8 +367,8 @@ def main():
     args.proxy = find_proxy(args.proxy)
     if any(m != "none" for m in modes) and not args.proxy:
         sys.exit("no compaction-proxy binary: cargo build --release, or pass --proxy")
-    # The tree the agents inspect: this repository's src/, at one fixed path
-    # so that every mode sees the same tool output.
+    # The tree the agents inspect (TREE), at one fixed path so that every
+    # mode sees the same tool output.
     args.tree = os.path.join(args.work, "tree")
     args.secret = "VAULT-TOKEN-" + os.urandom(6).hex().upper()
     results = []
@@ -372,7 +378,11 @@ def main():
             continue
         for mode in modes:
             shutil.rmtree(args.tree, ignore_errors=True)
-            shutil.copytree(os.path.join(REPO, "src"), os.path.join(args.tree, "src"))
+            with tarfile.open(TREE, "r:xz") as tree:
+                # Our own archive; the filter (where Python has it) still
+                # keeps every path inside the tree.
+                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tree.extractall(args.tree, **safe)
             if args.recall:
                 write_recall_file(args.tree, args.secret)
             run = Run(args, client, mode)
