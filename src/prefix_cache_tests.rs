@@ -556,14 +556,9 @@ fn a_replaced_last_item_is_forwarded_as_it_now_is_not_as_the_previous_splice_wro
     }
 }
 
-/// Responses reasoning joins the group of the item after it: a snapshot
-/// whose last item took reasoning read before it holds that reasoning as
-/// grouped, not as the loop had it before the last item. A body that
-/// replaces that item (here with more reasoning, which joins nothing) is
-/// parsed whole.
-#[test]
-fn a_replaced_item_that_reasoning_waited_for_is_parsed_whole() {
-    let format = Format::Responses;
+/// A stable-mode policy, and a prefix cache and checkpoints that have seen
+/// the first two turns of a `format` session.
+fn after_two_turns(format: Format) -> (CompiledPolicy, PrefixCache, CheckpointStore, Session) {
     let policy = policy(Mode::Stable);
     let prefixes = PrefixCache::new(64 << 20);
     let ck = CheckpointStore::new(1 << 20);
@@ -572,6 +567,18 @@ fn a_replaced_item_that_reasoning_waited_for_is_parsed_whole() {
         let body = session.apply(format, &edit);
         resumed(&prefixes, format, &body, &policy, &ck).unwrap();
     }
+    (policy, prefixes, ck, session)
+}
+
+/// Responses reasoning joins the group of the item after it: a snapshot
+/// whose last item took reasoning read before it holds that reasoning as
+/// grouped, not as the loop had it before the last item. A body that
+/// replaces that item (here with more reasoning, which joins nothing) is
+/// parsed whole.
+#[test]
+fn a_replaced_item_that_reasoning_waited_for_is_parsed_whole() {
+    let format = Format::Responses;
+    let (policy, prefixes, ck, mut session) = after_two_turns(format);
     let reasoning = |id: &str| json!({"type": "reasoning", "id": id, "summary": []});
     session.items.push(reasoning("r1"));
     session
@@ -595,14 +602,7 @@ fn a_replaced_item_that_reasoning_waited_for_is_parsed_whole() {
 #[test]
 fn a_replaced_legacy_function_result_joins_the_call_before_it() {
     let format = Format::Chat;
-    let policy = policy(Mode::Stable);
-    let prefixes = PrefixCache::new(64 << 20);
-    let ck = CheckpointStore::new(1 << 20);
-    let mut session = Session::new(format, "t");
-    for edit in [Edit::Append(500), Edit::Append(500)] {
-        let body = session.apply(format, &edit);
-        resumed(&prefixes, format, &body, &policy, &ck).unwrap();
-    }
+    let (policy, prefixes, ck, mut session) = after_two_turns(format);
     let result = |text: &str| json!({"role": "function", "name": "read", "content": text});
     session
         .items
