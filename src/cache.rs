@@ -392,7 +392,7 @@ impl PrefixCache {
             let how = h.read(|s| {
                 let worth =
                     s.format() == format && differs_at.map_or(true, |d| s.may_extend(body, d));
-                worth.then(|| s.continuation_and_shared(body))
+                worth.then(|| s.continuation(body))
             });
             match how {
                 Some((Some(Continuation::Extends), _)) => {

@@ -272,6 +272,7 @@ fn resumed(
     Ok((seen, forwarded))
 }
 
+#[derive(Clone)]
 struct Session {
     items: Vec<Value>,
     /// The result of a call appended alone, for the next turn.
@@ -778,23 +779,15 @@ fn a_sibling_is_ruled_out_where_the_body_leaves_another_and_an_extension_never_i
             let (parsed, state) = format.parse_resumable(body, 100).unwrap();
             Snapshot::of(parsed, state.unwrap(), None).unwrap()
         };
-        let last = |session: &Session, what: Replace| {
-            let mut sibling = Session {
-                items: session.items.clone(),
-                pending: session.pending.clone(),
-                model: session.model.clone(),
-                array_first: session.array_first,
-                turns: session.turns,
-            };
-            sibling.apply(format, &Edit::Last(what))
-        };
+        let last =
+            |session: &Session, what: Replace| session.clone().apply(format, &Edit::Last(what));
         let first = snapshot(&last(&session, Replace::Question(900)));
         let second = snapshot(&last(&session, Replace::Answer(900)));
         let body = last(&session, Replace::SameLength);
-        let (how, shared) = first.continuation_and_shared(&body);
+        let (how, shared) = first.continuation(&body);
         assert_eq!(how, Some(Continuation::ReplacesLast), "{format}");
         assert_eq!(
-            second.continuation(&body),
+            second.continuation(&body).0,
             Some(Continuation::ReplacesLast),
             "{format}"
         );
@@ -803,7 +796,7 @@ fn a_sibling_is_ruled_out_where_the_body_leaves_another_and_an_extension_never_i
         let extended = snapshot(&history);
         let next = session.apply(format, &Edit::Append(700));
         assert_eq!(
-            extended.continuation(&next),
+            extended.continuation(&next).0,
             Some(Continuation::Extends),
             "{format}"
         );

@@ -549,7 +549,7 @@ impl Snapshot {
 
     /// Whether `body` can begin with all of this snapshot's bytes, judged
     /// by a few of them: those from `at` (where the body differs from a
-    /// sibling snapshot, see [`Self::continuation_and_shared`]) and the
+    /// sibling snapshot, see [`Self::continuation`]) and the
     /// last ones. `false` means it does not (so it cannot be
     /// [`Continuation::Extends`]); `true` leaves [`Self::continuation`] to
     /// say. Siblings (other questions on the same history) differ from the
@@ -578,14 +578,10 @@ impl Snapshot {
     /// up to the end of the item before the last
     /// ([`Continuation::ReplacesLast`]), and goes on. One pass over the
     /// bytes they share answers both (a replaced last item differs only
-    /// near the end: two compares read the body twice).
-    pub fn continuation(&self, body: &[u8]) -> Option<Continuation> {
-        self.continuation_and_shared(body).0
-    }
-
-    /// [`Self::continuation`], and how many leading bytes `body` shares
-    /// with this snapshot's (for [`Self::may_extend`] of its siblings).
-    pub fn continuation_and_shared(&self, body: &[u8]) -> (Option<Continuation>, usize) {
+    /// near the end: two compares read the body twice). With it, how many
+    /// leading bytes `body` shares with this snapshot's (where
+    /// [`Self::may_extend`] looks at its siblings).
+    pub fn continuation(&self, body: &[u8]) -> (Option<Continuation>, usize) {
         let shared = shared_prefix_len(body, &self.prefix);
         if shared == self.prefix.len() && body.len() > shared {
             return (Some(Continuation::Extends), shared);
